@@ -1,0 +1,50 @@
+# carpool developer commands. `make demo` and `make test` are the README's two set-up commands:
+# each installs what it needs on a fresh machine first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYTHONSAFEPATH := 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup link tools demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	# The CPU wheel first: any looser spec pulls gigabytes of CUDA packages.
+	$(PY) -m pip install -qq torch==2.13.0
+	$(PY) -m pip install -qq -e '.[dev]' --config-settings editable_mode=strict
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The strict editable install is a tree of links: re-link it so files added since setup count.
+link: setup
+	$(PY) -m pip install -qq --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+
+tools:
+	scripts/install-tools.sh
+
+# The main job: model server and sidecar as two processes with MiniLM, then a short load.
+demo: link
+	$(VENV)/bin/carpool serve --handler text-embedding --demo-load
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: link
+	$(VENV)/bin/mypy -p carpool -p carpool.model_server -p carpool.sidecar -p carpool.operator
+
+unit: link tools
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck unit
+
+bench: setup
+	$(VENV)/bin/python bench/compare.py
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info

@@ -1,0 +1,1 @@
+"""carpool: dynamic request batching for PyTorch model serving on Kubernetes."""

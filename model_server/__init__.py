@@ -1,0 +1,1 @@
+"""The model server: runs whole batches through a torch model."""

@@ -1,0 +1,202 @@
+"""The binary wire format between the sidecar and the model server.
+
+One msgpack document per HTTP body; tensors travel as raw little-endian buffers, never as
+JSON numbers. Both sides import this module, so the format has exactly one definition.
+`docs/wire-format.md` describes it for implementers in other languages.
+
+Request  (POST /batch):  {"items": [{"inputs": {name: tensor}}, ...]}
+Response (200):          {"results": [{"outputs": {name: tensor}} | {"error": str, "status": int}]}
+Tensor:                  {"datatype": str, "shape": [int, ...], "data": bytes | [bytes, ...]}
+
+An item is one sample: its tensors have no batch dimension. Results come back in the order
+of the items, one each; an item's error carries the HTTP status its caller should see.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+CONTENT_TYPE = "application/vnd.carpool.batch+msgpack"
+
+# Open Inference Protocol datatype -> numpy dtype of its little-endian buffer.
+# BF16 has no numpy dtype: its buffer travels as raw 16-bit words, read as uint16.
+NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BF16": np.dtype("<u2"),
+}
+BYTES = "BYTES"
+DATATYPES = frozenset([*NUMPY_DTYPES, BYTES])
+
+
+class WireError(ValueError):
+    """A body that does not follow the wire format."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One named input or output of one item, without its batch dimension."""
+
+    datatype: str
+    shape: tuple[int, ...]
+    # Raw little-endian buffer for numeric datatypes; one element per entry for BYTES.
+    data: bytes | list[bytes]
+
+    @property
+    def element_count(self) -> int:
+        return math.prod(self.shape)
+
+    def check(self) -> None:
+        """Raise WireError when the data does not hold exactly `shape` elements."""
+        if self.datatype not in DATATYPES:
+            raise WireError(f"unknown datatype {self.datatype!r}")
+        if any(dim < 0 for dim in self.shape):
+            raise WireError(f"negative dimension in shape {list(self.shape)}")
+        if self.datatype == BYTES:
+            if not isinstance(self.data, list):
+                raise WireError("BYTES data must be a list of byte strings")
+            have = len(self.data)
+        else:
+            if not isinstance(self.data, bytes | bytearray | memoryview):
+                raise WireError(f"{self.datatype} data must be a byte buffer")
+            itemsize = NUMPY_DTYPES[self.datatype].itemsize
+            if len(self.data) % itemsize:
+                raise WireError(
+                    f"{self.datatype} buffer of {len(self.data)} bytes is not a whole "
+                    f"number of {itemsize}-byte elements"
+                )
+            have = len(self.data) // itemsize
+        if have != self.element_count:
+            raise WireError(
+                f"shape {list(self.shape)} needs {self.element_count} elements, data has {have}"
+            )
+
+    def to_numpy(self) -> npt.NDArray[Any]:
+        """A read-only view of a numeric tensor (BF16 as uint16 words); BYTES as an object array."""
+        if self.datatype == BYTES:
+            array = np.empty(len(self.data), dtype=object)
+            array[:] = self.data
+            return array.reshape(self.shape)
+        assert not isinstance(self.data, list)
+        return np.frombuffer(self.data, dtype=NUMPY_DTYPES[self.datatype]).reshape(self.shape)
+
+    @classmethod
+    def from_numpy(cls, array: npt.NDArray[Any], datatype: str | None = None) -> Tensor:
+        """Wrap an array; `datatype` is needed only for BF16 words and object (BYTES) arrays."""
+        if datatype is None:
+            datatype = datatype_of(array.dtype)
+        shape = tuple(int(dim) for dim in array.shape)
+        if datatype == BYTES:
+            elements = [e if isinstance(e, bytes) else str(e).encode() for e in array.flat]
+            return cls(BYTES, shape, elements)
+        wanted = NUMPY_DTYPES[datatype]
+        return cls(datatype, shape, np.ascontiguousarray(array, dtype=wanted).tobytes())
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """The model server's answer for one item: outputs, or an error with its HTTP status."""
+
+    outputs: Mapping[str, Tensor] | None = None
+    error: str | None = None
+    status: int = 200
+
+    @classmethod
+    def failed(cls, message: str, status: int) -> ItemResult:
+        return cls(error=message, status=status)
+
+
+Item = Mapping[str, Tensor]
+
+
+def datatype_of(dtype: np.dtype[Any]) -> str:
+    if dtype.kind in "OSU":
+        return BYTES
+    for name, candidate in NUMPY_DTYPES.items():
+        if name != "BF16" and candidate == dtype.newbyteorder("<"):
+            return name
+    raise WireError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
+
+
+def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
+    return {"datatype": tensor.datatype, "shape": list(tensor.shape), "data": tensor.data}
+
+
+def _unpack_tensor(raw: Any) -> Tensor:
+    try:
+        tensor = Tensor(str(raw["datatype"]), tuple(int(d) for d in raw["shape"]), raw["data"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise WireError(f"malformed tensor: {error}") from error
+    tensor.check()
+    return tensor
+
+
+def _unpack_tensors(raw: Any) -> dict[str, Tensor]:
+    if not isinstance(raw, dict):
+        raise WireError("tensors must be a map of name to tensor")
+    return {str(name): _unpack_tensor(value) for name, value in raw.items()}
+
+
+def _loads(body: bytes, key: str) -> list[Any]:
+    try:
+        document = msgpack.unpackb(body, raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
+        raise WireError(f"body is not msgpack: {error}") from error
+    entries = document.get(key) if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise WireError(f"body must be a map with a list under {key!r}")
+    return entries
+
+
+def encode_request(items: Sequence[Item]) -> bytes:
+    packed = [{"inputs": {name: _pack_tensor(t) for name, t in item.items()}} for item in items]
+    return msgpack.packb({"items": packed}, use_bin_type=True)
+
+
+def decode_request(body: bytes) -> list[dict[str, Tensor]]:
+    items = []
+    for raw in _loads(body, "items"):
+        if not isinstance(raw, dict):
+            raise WireError("each item must be a map with an 'inputs' map")
+        items.append(_unpack_tensors(raw.get("inputs")))
+    return items
+
+
+def encode_response(results: Sequence[ItemResult]) -> bytes:
+    packed: list[dict[str, Any]] = []
+    for result in results:
+        if result.error is not None:
+            packed.append({"error": result.error, "status": result.status})
+        else:
+            outputs = result.outputs or {}
+            packed.append({"outputs": {name: _pack_tensor(t) for name, t in outputs.items()}})
+    return msgpack.packb({"results": packed}, use_bin_type=True)
+
+
+def decode_response(body: bytes) -> list[ItemResult]:
+    results = []
+    for raw in _loads(body, "results"):
+        if not isinstance(raw, dict):
+            raise WireError("each result must be a map")
+        if "error" in raw:
+            results.append(ItemResult.failed(str(raw["error"]), int(raw.get("status", 500))))
+        else:
+            results.append(ItemResult(outputs=_unpack_tensors(raw.get("outputs"))))
+    return results

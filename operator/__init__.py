@@ -1,0 +1,1 @@
+"""The Kubernetes operator: reconciles BatchedModel resources into pods."""

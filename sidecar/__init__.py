@@ -1,0 +1,1 @@
+"""The batching sidecar: an aiohttp proxy that groups requests into batches."""
