@@ -1,0 +1,5 @@
+"""`python -m carpool` runs the console script."""
+
+from carpool.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""`carpool bench`: a load generator for the sidecar."""

@@ -1,0 +1,1 @@
+"""Helpers that start carpool's real processes for tests."""
