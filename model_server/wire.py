@@ -70,7 +70,9 @@ class Tensor:
         if any(dim < 0 for dim in self.shape):
             raise WireError(f"negative dimension in shape {list(self.shape)}")
         if self.datatype == BYTES:
-            if not isinstance(self.data, list):
+            if not isinstance(self.data, list) or not all(
+                isinstance(element, bytes) for element in self.data
+            ):
                 raise WireError("BYTES data must be a list of byte strings")
             have = len(self.data)
         else:

@@ -1,0 +1,97 @@
+"""The model's limit curve: in-process forward throughput (items/s) per batch size.
+
+Runs preprocess -> infer -> postprocess directly on a handler (no HTTP, no sidecar), so the
+figures are the ceiling any batching in front of the model can reach. Prints one line per
+batch size: the median over repetitions of the time per batch, and items/s from it.
+
+    python bench/limit.py --handler text-embedding --torch-threads 1 --repeats 5
+
+On CPU the thread count dominates the figures: always state it with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from carpool.model_server.config import parse
+from carpool.model_server.device import resolve_device, resolve_dtype
+from carpool.model_server.handler import HandlerSettings, load_handler_class
+from carpool.model_server.wire import BYTES, Item, Tensor
+
+# Typical short sentences of varied length: each batch pads to its longest one.
+SENTENCES = [
+    "How do I reset my password?",
+    "The quarterly report shows revenue growth across all regions.",
+    "Dynamic batching trades a little latency for a lot of throughput.",
+    "A cat sleeps on the warm windowsill in the afternoon sun.",
+    "Kubernetes restarts the pod when the liveness probe fails three times in a row.",
+    "Short one.",
+    "Which train goes to the airport on Sunday mornings?",
+    "Embedding models map sentences to vectors whose distances reflect meaning.",
+]
+
+
+def sample_items(handler_name: str, example: Item | None, count: int) -> list[Item]:
+    if handler_name == "text-embedding":
+        return [
+            {"text": Tensor(BYTES, (1,), [SENTENCES[i % len(SENTENCES)].encode()])}
+            for i in range(count)
+        ]
+    if example is None:
+        raise SystemExit(f"handler {handler_name!r} has no example item to benchmark with")
+    return [example] * count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--handler", default="text-embedding")
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="fp32")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    config = parse(
+        {
+            "handler": args.handler,
+            "socket": "unused",
+            "device": args.device,
+            "dtype": args.dtype,
+            "max_batch_size": str(args.max_batch_size),
+        }
+    )
+    torch.set_num_threads(args.torch_threads)
+    device = resolve_device(config)
+    handler = load_handler_class(config.handler)(
+        HandlerSettings(config.model_path, resolve_dtype(config, device), config.max_batch_size)
+    )
+    with torch.inference_mode():
+        handler.load(device)
+    print(f"handler={args.handler} device={device} dtype={args.dtype} ", end="")
+    print(f"torch_threads={torch.get_num_threads()} repeats={args.repeats}")
+    print(f"{'batch':>5} {'ms/batch':>10} {'items/s':>10}")
+    for size in config.warmup_sizes:
+        items = sample_items(args.handler, handler.example_item(), size)
+        timings = []
+        for repeat in range(args.repeats + 1):
+            started = time.perf_counter()
+            with torch.inference_mode():
+                prepared = handler.preprocess(items)
+                assert prepared.batch is not None and not prepared.rejected
+                outputs = handler.postprocess(handler.infer(prepared.batch))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if repeat:  # the first run of each size warms up
+                timings.append(time.perf_counter() - started)
+            assert len(outputs) == size
+        median = statistics.median(timings)
+        print(f"{size:>5} {median * 1000:>10.2f} {size / median:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""Assembles a ModelService from a Config: handler, device, metrics, worker."""
+
+from __future__ import annotations
+
+from carpool.model_server.config import Config, key_name
+from carpool.model_server.device import resolve_device, resolve_dtype
+from carpool.model_server.errors import ConfigError
+from carpool.model_server.handler import HandlerSettings, load_handler_class
+from carpool.model_server.metrics import ModelMetrics
+from carpool.model_server.runner import Runner
+from carpool.model_server.service import ModelService
+
+
+def build_service(config: Config) -> ModelService:
+    device = resolve_device(config)
+    dtype = resolve_dtype(config, device)
+    try:
+        handler_class = load_handler_class(config.handler)
+    except (ImportError, ValueError) as error:
+        raise ConfigError(key_name("handler"), config.handler, str(error)) from error
+    handler = handler_class(HandlerSettings(config.model_path, dtype, config.max_batch_size))
+    metrics = ModelMetrics.create(config.model_name)
+    runner = Runner(handler, device, metrics, config.max_batch_size)
+    return ModelService(config.model_name, runner)

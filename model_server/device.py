@@ -1,0 +1,33 @@
+"""Turns the --device and --dtype settings into torch objects, refusing what cannot run."""
+
+from __future__ import annotations
+
+import torch
+
+from carpool.model_server.config import Config, key_name
+from carpool.model_server.errors import ConfigError
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_device(config: Config) -> torch.device:
+    """`auto` is the first CUDA device when there is one, else the CPU."""
+    if config.device == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if device.index is not None and device.index >= count:
+            raise ConfigError(key_name("device"), config.device, f"{count} CUDA device(s) here")
+    return device
+
+
+def resolve_dtype(config: Config, device: torch.device) -> torch.dtype:
+    """fp16 needs a GPU: CPU kernels for it are slow or missing. bf16 runs on both."""
+    if config.dtype == "fp16" and device.type != "cuda":
+        raise ConfigError(
+            key_name("dtype"),
+            config.dtype,
+            f"fp16 needs a CUDA device, not {device}; use fp32 or bf16 on CPU",
+        )
+    return TORCH_DTYPES[config.dtype]

@@ -1,0 +1,46 @@
+"""The model server's domain errors, each carrying the HTTP status a caller should see.
+
+`app.py` maps these to responses in one place; per-item errors travel inside a 200 batch
+response with the same statuses.
+"""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    """A request the server refuses as a whole."""
+
+    status = 500
+
+
+class BadRequest(ServerError):
+    """A body that is not valid wire format."""
+
+    status = 400
+
+
+class NotReady(ServerError):
+    """The model has not finished loading and warming up."""
+
+    status = 503
+
+
+class InvalidItem(ValueError):
+    """One item a handler refuses; its neighbours in the batch still run."""
+
+    status = 400
+
+
+class InferError(RuntimeError):
+    """An item the model failed on, or a handler that broke its contract."""
+
+    status = 500
+
+
+class ConfigError(ValueError):
+    """A setting that is missing or invalid; the message names the key and the value."""
+
+    def __init__(self, key: str, value: object, reason: str) -> None:
+        super().__init__(f"invalid {key} {value!r}: {reason}")
+        self.key = key
+        self.value = value

