@@ -1,0 +1,88 @@
+"""kopf handlers: thin wrappers that hand every trigger to `reconcile`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from carpool.operator.reconcile import OperatorConfig, Runtime, reconcile
+from carpool.operator.render import GROUP, KIND, MANAGED_BY, VERSION
+
+PLURAL = "batchedmodels"
+DOMAIN = "carpool.dev"
+# Children the operator watches so that deleting or hand-editing one is repaired at once.
+WATCHED_CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"))
+CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime = memo["runtime"]
+    assert isinstance(runtime, Runtime)
+    return runtime
+
+
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Every operator setting, in one place."""
+    settings.persistence.finalizer = f"{DOMAIN}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=DOMAIN, key="last-handled-configuration"
+    )
+    # Events come only from explicit kopf.info/warn (transitions, child changes); log lines
+    # stay log lines, so a quiet resync never writes an event.
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
+    # Reconnect watches now and then, so that a silently dropped connection heals.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60
+    config = memo["config"]
+    assert isinstance(config, OperatorConfig)
+    memo["runtime"] = Runtime(config=config)
+
+
+def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's own minimal logins, shared with the children's client."""
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+    if info is None:
+        raise kopf.LoginError("neither a service account nor a kubeconfig is available")
+    _runtime(memo).kube.login(info)
+    return info
+
+
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await _runtime(memo).kube.close()
+
+
+# kopf declares `memo` as Any in its handler protocols; _runtime() narrows it.
+async def on_model(
+    name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
+) -> None:
+    """Create, update, resume and the periodic resync all converge the same way."""
+    await reconcile(_runtime(memo), namespace or "default", name, logger)
+
+
+async def on_child(
+    meta: kopf.Meta, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
+) -> None:
+    for owner in meta.get("ownerReferences", []):
+        if owner.get("kind") == KIND and owner.get("apiVersion") == f"{GROUP}/{VERSION}":
+            await reconcile(_runtime(memo), namespace or "default", owner["name"], logger)
+
+
+def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+    kopf.on.startup(registry=registry)(configure)
+    kopf.on.login(registry=registry)(login)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="create")(on_model)
+    kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="update")(on_model)
+    kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="resume")(on_model)
+    kopf.timer(GROUP, VERSION, PLURAL, registry=registry, id="resync", interval=resync_seconds)(
+        on_model
+    )
+    for group, version, plural in WATCHED_CHILDREN:
+        kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_child)

@@ -1,0 +1,155 @@
+"""A small Kubernetes REST client for the children the operator owns.
+
+kopf watches and patches BatchedModels itself; this client creates, patches and deletes the
+children with the same credentials kopf logged in with (see `handlers.login`).
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+from carpool.operator.types import Manifest
+
+USER_AGENT = "carpool-operator/0.1.0"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str = "", subresource: str = "") -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+
+# Every kind the operator writes, by kind (RBAC in docs/operator.md lists the same).
+RESOURCES: dict[str, Resource] = {
+    "ConfigMap": Resource("", "v1", "configmaps"),
+    "Service": Resource("", "v1", "services"),
+    "Deployment": Resource("apps", "v1", "deployments"),
+    "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets"),
+    "HorizontalPodAutoscaler": Resource("autoscaling", "v2", "horizontalpodautoscalers"),
+    "PodMonitor": Resource("monitoring.coreos.com", "v1", "podmonitors"),
+    "BatchedModel": Resource("carpool.dev", "v1alpha1", "batchedmodels"),
+}
+
+
+class ApiError(Exception):
+    """A non-success answer of the API server."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: conflicts, throttling, server trouble, missing permissions."""
+        return self.status in (403, 404, 409, 429) or self.status >= 500
+
+
+class KubeClient:
+    """One aiohttp session against the API server; credentials arrive from kopf's login."""
+
+    def __init__(self) -> None:
+        self._info: kopf.ConnectionInfo | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def login(self, info: kopf.ConnectionInfo) -> None:
+        self._info = info
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> tuple[aiohttp.ClientSession, kopf.ConnectionInfo]:
+        if self._info is None:
+            raise ApiError(503, "NotLoggedIn", "no credentials yet")
+        if self._session is None:
+            context: ssl.SSLContext | bool = (
+                self._info.as_ssl_context() if self._info.server.startswith("https") else False
+            )
+            self._session = aiohttp.ClientSession(
+                headers={"User-Agent": USER_AGENT},
+                connector=aiohttp.TCPConnector(ssl=context),
+                timeout=aiohttp.ClientTimeout(total=30),
+            )
+        return self._session, self._info
+
+    async def _request(
+        self, method: str, path: str, *, body: Manifest | None = None, content_type: str = ""
+    ) -> Any:
+        session, info = self._client()
+        # Credentials per request: kopf may log in again (a refreshed token) at any time.
+        headers = info.as_http_headers()
+        if content_type:
+            headers["Content-Type"] = content_type
+        url = info.server.rstrip("/") + path
+        try:
+            async with session.request(method, url, json=body, headers=headers) as response:
+                payload = await response.json(content_type=None)
+                if response.status >= 400:
+                    reason = message = ""
+                    if isinstance(payload, dict):
+                        reason = str(payload.get("reason", ""))
+                        message = str(payload.get("message", ""))
+                    raise ApiError(response.status, reason, message)
+                return payload
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise ApiError(503, type(error).__name__, str(error)) from error
+
+    async def get(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        try:
+            found = await self._request("GET", RESOURCES[kind].path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return found if isinstance(found, dict) else None
+
+    async def create(self, manifest: Manifest) -> None:
+        resource = RESOURCES[manifest["kind"]]
+        await self._request("POST", resource.path(manifest["metadata"]["namespace"]), body=manifest)
+
+    async def merge_patch(
+        self, kind: str, namespace: str, name: str, patch: Manifest, *, subresource: str = ""
+    ) -> None:
+        path = RESOURCES[kind].path(namespace, name, subresource)
+        await self._request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            await self._request("DELETE", RESOURCES[kind].path(namespace, name))
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+    async def serves(self, resource: Resource) -> bool:
+        """Whether the cluster serves this resource's group and version (discovery)."""
+        try:
+            found = await self._request("GET", f"/apis/{resource.group}/{resource.version}")
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        names = [item.get("name") for item in found.get("resources", [])]
+        return resource.plural in names

@@ -1,0 +1,150 @@
+"""Bring a BatchedModel's children and status in line with its spec, writing only the difference."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+
+from carpool.operator.diff import contains
+from carpool.operator.kube import RESOURCES, ApiError, KubeClient
+from carpool.operator.render import render_spec, service_url
+from carpool.operator.spec import ModelSpec, SpecError, parse
+from carpool.operator.status import desired_status, merge_conditions, observe
+from carpool.operator.types import Manifest
+
+# Kinds rendered only under some specs; an owned leftover of these is deleted.
+OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitor")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    default_image: str
+
+
+@dataclass
+class Runtime:
+    """What the handlers share, kept in kopf's memo."""
+
+    config: OperatorConfig
+    kube: KubeClient = field(default_factory=KubeClient)
+    # One reconcile per object at a time: a BatchedModel's own handlers and its children's
+    # events may fire together, and two concurrent creates would collide.
+    locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
+        default_factory=lambda: collections.defaultdict(asyncio.Lock)
+    )
+
+
+def _owned_by(child: Mapping[str, Any], uid: str) -> bool:
+    refs = child.get("metadata", {}).get("ownerReferences", [])
+    return any(ref.get("uid") == uid for ref in refs)
+
+
+def _event(body: Manifest, reason: str, message: str, *, warning: bool = False) -> None:
+    """A Kubernetes event on the BatchedModel, for `kubectl describe`."""
+    post = kopf.warn if warning else kopf.info
+    post(kopf.Body(cast(kopf.RawBody, body)), reason=reason, message=message)
+
+
+def _retry(error: ApiError) -> kopf.TemporaryError:
+    # Throttling and missing permissions deserve a longer breath than a lost race.
+    delay = 30 if error.status in (403, 429) else 5
+    return kopf.TemporaryError(f"API server: {error}", delay=delay)
+
+
+async def _apply(kube: KubeClient, owner: Manifest, manifest: Manifest, uid: str) -> None:
+    kind, metadata = manifest["kind"], manifest["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    actual = await kube.get(kind, namespace, name)
+    if actual is None:
+        await kube.create(manifest)
+        _event(owner, "ChildCreated", f"created {kind} {name}")
+    elif not _owned_by(actual, uid):
+        raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
+    elif not contains(actual, manifest):
+        await kube.merge_patch(kind, namespace, name, manifest)
+        _event(owner, "ChildUpdated", f"updated {kind} {name}")
+
+
+async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
+    for kind in OPTIONAL_KINDS:
+        if kind in kinds:
+            continue
+        actual = await kube.get(kind, spec.namespace, spec.name)
+        if actual is not None and _owned_by(actual, spec.uid):
+            await kube.delete(kind, spec.namespace, spec.name)
+            _event(owner, "ChildDeleted", f"deleted {kind} {spec.name}")
+
+
+async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
+    podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
+    manifests = render_spec(spec, podmonitor_api=podmonitor_api)
+    for manifest in manifests:
+        await _apply(kube, body, manifest, spec.uid)
+    await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
+
+
+async def _status(
+    kube: KubeClient, body: Manifest, spec: ModelSpec | None, error: SpecError | None
+) -> None:
+    metadata = body["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    generation = int(metadata.get("generation", 0))
+    deployment = await kube.get("Deployment", namespace, name)
+    if deployment is not None and not _owned_by(deployment, metadata.get("uid", "")):
+        deployment = None
+    observation = observe(deployment, error)
+    current = body.get("status", {})
+    conditions, flipped = merge_conditions(
+        current.get("conditions", []),
+        observation.conditions,
+        generation,
+        datetime.datetime.now(datetime.UTC),
+    )
+    url = service_url(spec) if spec is not None else str(current.get("url", ""))
+    wanted = desired_status(observation, conditions, generation=generation, url=url)
+    if all(current.get(key) == value for key, value in wanted.items()):
+        return
+    await kube.merge_patch(
+        "BatchedModel", namespace, name, {"status": wanted}, subresource="status"
+    )
+    had = {item.get("type") for item in current.get("conditions", [])}
+    for condition in flipped:
+        if condition.type == "Degraded" and condition.type not in had and not condition.status:
+            continue  # "not degraded" on creation is no news
+        unwelcome = condition.status == (condition.type == "Degraded")
+        message = f"{condition.type}: {condition.message}"
+        warning = unwelcome and condition.type != "Progressing"
+        _event(body, condition.reason, message, warning=warning)
+
+
+async def reconcile(runtime: Runtime, namespace: str, name: str, logger: kopf.Logger) -> None:
+    """Level-triggered: read the BatchedModel afresh, then fix its children and status."""
+    kube = runtime.kube
+    async with runtime.locks[namespace, name]:
+        try:
+            body = await kube.get("BatchedModel", namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return  # gone or going: garbage collection removes the children
+            spec: ModelSpec | None = None
+            error: SpecError | None = None
+            try:
+                spec = parse(body, default_image=runtime.config.default_image)
+                await _children(kube, body, spec)
+            except SpecError as problem:
+                # Retrying cannot fix a spec; the status (and one event) say what is wrong until
+                # it changes, so each resync need not repeat it above debug level.
+                logger.debug(f"cannot realise {namespace}/{name}: {problem.message}")
+                error = problem
+            except ApiError as problem:
+                if problem.transient:
+                    raise
+                error = SpecError("Rejected", f"the API server refused a child: {problem.message}")
+            await _status(kube, body, spec, error)
+        except ApiError as problem:
+            raise _retry(problem) from problem

@@ -1,0 +1,47 @@
+"""`carpool render -f bm.yaml`: print a BatchedModel's child manifests as a YAML stream."""
+
+from __future__ import annotations
+
+from typing import IO
+
+import click
+import yaml
+
+from carpool.operator.render import DEFAULT_IMAGE, KIND, render
+from carpool.operator.spec import SpecError
+
+
+@click.command()
+@click.option(
+    "-f",
+    "--filename",
+    "source",
+    type=click.File("r"),
+    required=True,
+    help="A YAML file (or - for stdin) with one or more BatchedModel objects.",
+)
+@click.option(
+    "--default-image",
+    envvar="CARPOOL_DEFAULT_IMAGE",
+    default=DEFAULT_IMAGE,
+    show_default=True,
+    help="The image used where a BatchedModel names none.",
+)
+@click.option(
+    "--podmonitor/--no-podmonitor",
+    default=False,
+    show_default=True,
+    help="Whether the cluster serves monitoring.coreos.com (PodMonitor).",
+)
+def command(source: IO[str], default_image: str, podmonitor: bool) -> None:
+    """Print the manifests the operator would create for each BatchedModel in a file."""
+    manifests = []
+    for document in yaml.safe_load_all(source):
+        if not isinstance(document, dict) or document.get("kind") != KIND:
+            continue
+        try:
+            manifests += render(document, default_image=default_image, podmonitor_api=podmonitor)
+        except SpecError as error:
+            name = document.get("metadata", {}).get("name", "?")
+            raise click.ClickException(f"{name}: {error.reason}: {error.message}") from error
+    click.echo(yaml.safe_dump_all(manifests, sort_keys=False), nl=False)

@@ -1,0 +1,221 @@
+"""The BatchedModel spec as typed values, with the CRD's defaults applied.
+
+The API server applies the CRD's defaults, but `carpool render -f` reads files that never met
+one, so the same defaults live here too (a test keeps both in step).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from carpool.operator.types import Manifest
+
+BUILTIN_HANDLERS = ("toy", "torchscript", "text-embedding")
+_HANDLER_CLASS = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+)
+# [registry[:port]/]path[:tag][@digest], lower-case path components (distribution's grammar).
+_IMAGE = re.compile(
+    r"^(?:(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?/|[a-zA-Z0-9-]+:[0-9]+/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+
+
+class SpecError(ValueError):
+    """A spec the schema accepts but that cannot be realised; `reason` is one CamelCase word."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Weights:
+    kind: str  # "image", "pvc" or "uri"
+    claim_name: str = ""
+    mount_path: str = "/models"
+    read_only: bool = True
+    url: str = ""
+    file_name: str = "model.pt"
+    fetcher_image: str = "curlimages/curl:8.11.1"
+
+
+@dataclass(frozen=True)
+class Batching:
+    max_batch_size: int = 32
+    max_wait_ms: int = 5
+    max_inflight_batches: int = 2
+    max_queue_items: int = 1024
+    timeout_ms: int = 30000
+    dispatch: str = "adaptive"
+
+    def as_file(self) -> dict[str, int | str]:
+        """The keys of docs/architecture.md's batching.json."""
+        return {
+            "maxBatchSize": self.max_batch_size,
+            "maxWaitMs": self.max_wait_ms,
+            "maxInflightBatches": self.max_inflight_batches,
+            "maxQueueItems": self.max_queue_items,
+            "timeoutMs": self.timeout_ms,
+            "dispatch": self.dispatch,
+        }
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 4
+    target_queue_items_per_pod: int = 16
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One BatchedModel's spec, defaults filled in and images resolved."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    handler: str
+    image: str
+    model_name: str = ""
+    model_path: str = ""
+    args: tuple[str, ...] = ()
+    env: tuple[Manifest, ...] = ()
+    device: str = "auto"
+    dtype: str = "fp32"
+    weights: Weights = field(default_factory=lambda: Weights(kind="image"))
+    replicas: int = 1
+    gpu: int = 0
+    cpu: str = "1"
+    memory: str = "2Gi"
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Manifest, ...] = ()
+    affinity: Manifest = field(default_factory=dict)
+    priority_class_name: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account_name: str = ""
+    batching: Batching = field(default_factory=Batching)
+    sidecar_image: str = ""
+    sidecar_cpu: str = "500m"
+    sidecar_memory: str = "256Mi"
+    service_type: str = "ClusterIP"
+    service_port: int = 80
+    pod_monitor: bool = False
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+
+
+def _section(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _weights(model: Mapping[str, Any]) -> Weights:
+    weights = _section(model, "weights")
+    if "pvc" in weights:
+        pvc = _section(weights, "pvc")
+        return Weights(
+            kind="pvc",
+            claim_name=str(pvc.get("claimName", "")),
+            mount_path=str(pvc.get("mountPath", "/models")),
+            read_only=bool(pvc.get("readOnly", True)),
+        )
+    if "uri" in weights:
+        uri = _section(weights, "uri")
+        return Weights(
+            kind="uri",
+            url=str(uri.get("url", "")),
+            mount_path=str(uri.get("mountPath", "/models")),
+            file_name=str(uri.get("fileName", "model.pt")),
+            fetcher_image=str(uri.get("fetcherImage", Weights.fetcher_image)),
+        )
+    return Weights(kind="image")
+
+
+def _check_handler(handler: str) -> None:
+    if handler not in BUILTIN_HANDLERS and not _HANDLER_CLASS.match(handler):
+        raise SpecError(
+            "InvalidHandler",
+            f"spec.model.handler {handler!r} is neither a built-in "
+            f"({', '.join(BUILTIN_HANDLERS)}) nor module:Class",
+        )
+
+
+def _check_image(key: str, image: str) -> None:
+    if not _IMAGE.match(image):
+        raise SpecError("InvalidImage", f"{key} {image!r} is not a valid image reference")
+
+
+def parse(body: Mapping[str, Any], *, default_image: str) -> ModelSpec:
+    """Read a BatchedModel object; raise SpecError for what the schema cannot catch."""
+    metadata = _section(body, "metadata")
+    spec = _section(body, "spec")
+    model = _section(spec, "model")
+    resources = _section(spec, "resources")
+    batching = _section(spec, "batching")
+    sidecar = _section(spec, "sidecar")
+    sidecar_resources = _section(sidecar, "resources")
+    service = _section(spec, "service")
+    autoscaling = _section(spec, "autoscaling")
+
+    handler = str(model.get("handler", ""))
+    _check_handler(handler)
+    image = str(model.get("image") or default_image)
+    _check_image("spec.model.image", image)
+    sidecar_image = str(sidecar.get("image") or image)
+    _check_image("spec.sidecar.image", sidecar_image)
+    weights = _weights(model)
+    if weights.kind == "uri":
+        _check_image("spec.model.weights.uri.fetcherImage", weights.fetcher_image)
+
+    return ModelSpec(
+        name=str(metadata.get("name", "")),
+        namespace=str(metadata.get("namespace") or "default"),
+        uid=str(metadata.get("uid", "")),
+        generation=int(metadata.get("generation", 0)),
+        handler=handler,
+        image=image,
+        model_name=str(model.get("modelName", "")),
+        model_path=str(model.get("modelPath", "")),
+        args=tuple(str(arg) for arg in model.get("args", [])),
+        env=tuple(dict(item) for item in model.get("env", [])),
+        device=str(model.get("device", "auto")),
+        dtype=str(model.get("dtype", "fp32")),
+        weights=weights,
+        replicas=int(spec.get("replicas", 1)),
+        gpu=int(resources.get("gpu", 0)),
+        cpu=str(resources.get("cpu", "1")),
+        memory=str(resources.get("memory", "2Gi")),
+        node_selector={str(k): str(v) for k, v in _section(spec, "nodeSelector").items()},
+        tolerations=tuple(dict(item) for item in spec.get("tolerations", [])),
+        affinity=dict(_section(spec, "affinity")),
+        priority_class_name=str(spec.get("priorityClassName", "")),
+        image_pull_secrets=tuple(str(s["name"]) for s in spec.get("imagePullSecrets", [])),
+        service_account_name=str(spec.get("serviceAccountName", "")),
+        batching=Batching(
+            max_batch_size=int(batching.get("maxBatchSize", 32)),
+            max_wait_ms=int(batching.get("maxWaitMs", 5)),
+            max_inflight_batches=int(batching.get("maxInflightBatches", 2)),
+            max_queue_items=int(batching.get("maxQueueItems", 1024)),
+            timeout_ms=int(batching.get("timeoutMs", 30000)),
+            dispatch=str(batching.get("dispatch", "adaptive")),
+        ),
+        sidecar_image=sidecar_image,
+        sidecar_cpu=str(sidecar_resources.get("cpu", "500m")),
+        sidecar_memory=str(sidecar_resources.get("memory", "256Mi")),
+        service_type=str(service.get("type", "ClusterIP")),
+        service_port=int(service.get("port", 80)),
+        pod_monitor=bool(_section(spec, "monitoring").get("podMonitor", False)),
+        autoscaling=Autoscaling(
+            enabled=bool(autoscaling.get("enabled", False)),
+            min_replicas=int(autoscaling.get("minReplicas", 1)),
+            max_replicas=int(autoscaling.get("maxReplicas", 4)),
+            target_queue_items_per_pod=int(autoscaling.get("targetQueueItemsPerPod", 16)),
+        ),
+    )

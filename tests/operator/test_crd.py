@@ -1,0 +1,99 @@
+"""The CRD itself, and the example BatchedModels checked against its schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from support.kube_schema import apply_defaults, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "crds" / "batchedmodels.carpool.dev.yaml").read_text())
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+INVALID = Path(__file__).resolve().parent / "invalid"
+
+
+def fields(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, sub in schema.get("properties", {}).items():
+        yield f"{path}.{name}", sub
+        yield from fields(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from fields(schema["items"], f"{path}[]")
+
+
+def test_crd_is_a_valid_kubernetes_object() -> None:
+    kubernetes_validate.validate(CRD, "1.35.0", strict=True)
+    assert CRD["spec"]["names"]["shortNames"] == ["bm"]
+    assert VERSION["subresources"] == {"status": {}}
+
+
+def test_every_spec_field_is_described_and_bounded() -> None:
+    for path, sub in fields(SCHEMA["properties"]["spec"], "spec"):
+        assert "type" in sub or sub.get("x-kubernetes-preserve-unknown-fields"), path
+        if "tolerations[]" in path or "imagePullSecrets[]" in path or "env[]" in path:
+            continue  # core/v1 types copied as they are
+        assert sub.get("description"), f"{path} has no description"
+        if sub.get("type") == "integer":
+            assert "minimum" in sub and "maximum" in sub, f"{path} is unbounded"
+        if sub.get("type") == "string":
+            assert {"maxLength", "enum", "pattern"} & set(sub), f"{path} is unbounded"
+
+
+def test_every_status_field_is_declared() -> None:
+    status = SCHEMA["properties"]["status"]["properties"]
+    assert {"observedGeneration", "replicas", "readyReplicas", "replicasReady", "url"} <= set(
+        status
+    )
+    condition = status["conditions"]["items"]["properties"]
+    assert set(condition) == {
+        "type", "status", "reason", "message", "observedGeneration", "lastTransitionTime",
+    }  # fmt: skip
+
+
+def test_printer_columns() -> None:
+    columns = {column["name"]: column["jsonPath"] for column in VERSION["additionalPrinterColumns"]}
+    assert columns == {
+        "Ready": '.status.conditions[?(@.type=="Ready")].status',
+        "Replicas": ".status.replicasReady",
+        "MaxBatch": ".spec.batching.maxBatchSize",
+        "MaxWait": ".spec.batching.maxWaitMs",
+        "URL": ".status.url",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_examples_match_the_schema(path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    jsonschema.validate(body, SCHEMA)
+    assert validate(apply_defaults(body, SCHEMA), SCHEMA) == []
+
+
+def test_out_of_bounds_example_is_rejected() -> None:
+    body = yaml.safe_load((INVALID / "out-of-bounds.yaml").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(body, SCHEMA)
+    messages = [cause.message for cause in validate(apply_defaults(body, SCHEMA), SCHEMA)]
+    assert any("greater than or equal to 0" in message for message in messages)
+    assert any('Unsupported value: "fp64"' in message for message in messages)
+
+
+def test_cel_rules_reject_what_plain_schema_cannot() -> None:
+    body = yaml.safe_load((INVALID / "min-over-max.yaml").read_text())
+    jsonschema.validate(body, SCHEMA)  # the bounds alone pass
+    causes = validate(apply_defaults(body, SCHEMA), SCHEMA)
+    assert [(c.field, c.message.split(": ")[-1]) for c in causes] == [
+        ("spec.autoscaling", "minReplicas must not exceed maxReplicas")
+    ]
+
+    two_sources = {"pvc": {"claimName": "w"}, "uri": {"url": "https://example.com/m.pt"}}
+    body = {"spec": {"model": {"handler": "toy", "weights": two_sources}}}
+    causes = validate(apply_defaults(body, SCHEMA), SCHEMA)
+    assert [cause.field for cause in causes] == ["spec.model.weights"]

@@ -1,0 +1,368 @@
+"""End to end: the real operator and the real kubectl against an API server.
+
+Every test runs on the test API server; with CARPOOL_E2E_KUBECONFIG set, also on a real cluster
+(`-m e2e_cluster`). On the test API server no controller runs, so where a scenario needs a
+Deployment's status the test writes it, as the Deployment controller would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.kube_api import Kind
+from support.kube_cluster import OPERATOR_AGENT, Cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+INVALID = Path(__file__).resolve().parent / "invalid"
+LABELS = {
+    "app.kubernetes.io/name": "batchedmodel",
+    "app.kubernetes.io/component": "model",
+    "app.kubernetes.io/managed-by": "carpool",
+}
+
+
+def model(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "carpool.dev/v1alpha1",
+        "kind": "BatchedModel",
+        "metadata": {"name": name},
+        "spec": {"model": {"handler": "toy", "device": "cpu"}, "resources": {"cpu": "500m"}},
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
+    for item in body.get("status", {}).get("conditions", []):
+        if item["type"] == kind:
+            return dict(item)
+    return {}
+
+
+def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> bool:
+    refs = child["metadata"].get("ownerReferences", [])
+    return any(ref["uid"] == owner["metadata"]["uid"] and ref.get("controller") for ref in refs)
+
+
+def applied(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any]:
+    """Apply a BatchedModel and wait until the operator reported on it."""
+    cluster.apply(body)
+    name = body["metadata"]["name"]
+    return cluster.wait_for_object("bm", name, lambda found: bool(condition(found, "Ready")))
+
+
+def wait_resyncs(cluster: Cluster, name: str, count: int = 2) -> None:
+    """Let the periodic resync run `count` times (the operator resyncs every second here)."""
+    if cluster.api is None:
+        time.sleep(count + 2)
+        return
+    api = cluster.api
+    path = f"/apis/carpool.dev/v1alpha1/namespaces/{cluster.namespace}/batchedmodels/{name}"
+    start = api.request_count("GET", path, agent=OPERATOR_AGENT)
+    cluster.wait_for(
+        f"{count} resyncs of {name}",
+        lambda: api.request_count("GET", path, agent=OPERATOR_AGENT) >= start + count + 1,
+    )
+
+
+def fake_rollout(cluster: Cluster, name: str, ready: int) -> None:
+    """What the Deployment controller and kubelet would report once `ready` pods serve."""
+    if cluster.api is None:
+        pytest.skip("a real cluster reports readiness itself; the default image may not exist")
+    deployment = cluster.wait_for_object("deployment", name)
+    replicas = deployment["spec"]["replicas"]
+    status = {
+        "observedGeneration": deployment["metadata"]["generation"],
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+    }
+    cluster.kubectl(
+        "patch", "deployment", name, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+
+
+def test_apply_creates_owned_children(cluster: Cluster) -> None:
+    owner = applied(cluster, model("e2e-create", batching={"maxBatchSize": 8}))
+
+    deployment = cluster.wait_for_object("deployment", "e2e-create")
+    service = cluster.wait_for_object("service", "e2e-create")
+    config = cluster.wait_for_object("configmap", "e2e-create-batching")
+    for child in (deployment, service, config):
+        assert owned_by(child, owner)
+        assert LABELS.items() <= child["metadata"]["labels"].items()
+
+    pod = deployment["spec"]["template"]["spec"]
+    containers = {container["name"]: container for container in pod["containers"]}
+    assert containers["model-server"]["command"][:4] == [
+        "carpool",
+        "model-server",
+        "--handler",
+        "toy",
+    ]
+    assert "--socket" in containers["model-server"]["command"]
+    assert containers["model-server"]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    sidecar = containers["sidecar"]
+    assert sidecar["command"][-2:] == ["--config-file", "/etc/carpool/batching.json"]
+    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    mount = next(m for m in sidecar["volumeMounts"] if m["mountPath"] == "/etc/carpool")
+    assert "subPath" not in mount
+    for container in containers.values():
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] and security["runAsNonRoot"]
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert not security["allowPrivilegeEscalation"]
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
+    assert json.loads(config["data"]["batching.json"])["maxBatchSize"] == 8
+    assert cluster.get("pdb", "e2e-create") is None  # one replica: no budget
+
+
+def test_status_mirrors_the_deployment(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-status", replicas=2, batching={"maxBatchSize": 16, "maxWaitMs": 7}))
+    waiting = cluster.wait_for_object("bm", "e2e-status")
+    assert condition(waiting, "Ready")["status"] == "False"
+    assert condition(waiting, "Ready")["reason"] == "ReplicasNotReady"
+    assert waiting["status"]["replicasReady"] == "0/2"
+    first_transition = condition(waiting, "Ready")["lastTransitionTime"]
+
+    fake_rollout(cluster, "e2e-status", ready=2)
+    ready = cluster.wait_for_object(
+        "bm", "e2e-status", lambda found: condition(found, "Ready").get("status") == "True"
+    )
+    assert ready["status"]["replicasReady"] == "2/2"
+    assert condition(ready, "Progressing")["status"] == "False"
+    assert condition(ready, "Degraded")["status"] == "False"
+    assert condition(ready, "Ready")["lastTransitionTime"] >= first_transition
+
+    table = cluster.kubectl("get", "bm", "e2e-status").stdout.split("\n")
+    assert table[0].split() == ["NAME", "READY", "REPLICAS", "MAXBATCH", "MAXWAIT", "URL", "AGE"]
+    row = table[1].split()
+    assert row[:5] == ["e2e-status", "True", "2/2", "16", "7"]
+    assert row[5] == f"http://e2e-status.{cluster.namespace}.svc.cluster.local"
+
+    events = cluster.kubectl(
+        "get", "events", "--field-selector", "involvedObject.name=e2e-status", "-o", "json"
+    )
+    reasons = {event["reason"] for event in json.loads(events.stdout)["items"]}
+    assert {"ChildCreated", "ReplicasReady"} <= reasons
+
+    # A resync must not touch lastTransitionTime while nothing flips.
+    wait_resyncs(cluster, "e2e-status")
+    again = cluster.get("bm", "e2e-status")
+    assert again is not None
+    assert condition(again, "Ready") == condition(ready, "Ready")
+
+
+def test_batching_edit_changes_config_not_pods(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-batching"))
+    before = cluster.wait_for_object("deployment", "e2e-batching")
+
+    cluster.kubectl(
+        "patch", "bm", "e2e-batching", "--type=merge",
+        "-p", json.dumps({"spec": {"batching": {"maxBatchSize": 64, "dispatch": "fixed"}}}),
+    )  # fmt: skip
+
+    def reconfigured(found: dict[str, Any]) -> bool:
+        settings = json.loads(found["data"]["batching.json"])
+        return bool(settings["maxBatchSize"] == 64 and settings["dispatch"] == "fixed")
+
+    cluster.wait_for_object("configmap", "e2e-batching-batching", reconfigured)
+    wait_resyncs(cluster, "e2e-batching")
+    after = cluster.get("deployment", "e2e-batching")
+    assert after is not None
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+
+
+def test_image_edit_rolls_the_pods(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-image"))
+    before = cluster.wait_for_object("deployment", "e2e-image")
+    image = "registry.example.com/team/carpool:0.2.0"
+
+    cluster.kubectl(
+        "patch", "bm", "e2e-image", "--type=merge",
+        "-p", json.dumps({"spec": {"model": {"image": image}}}),
+    )  # fmt: skip
+
+    def rolled(found: dict[str, Any]) -> bool:
+        images = {c["image"] for c in found["spec"]["template"]["spec"]["containers"]}
+        return images == {image}
+
+    after = cluster.wait_for_object("deployment", "e2e-image", rolled)
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+
+
+def test_transient_api_errors_are_retried(cluster: Cluster) -> None:
+    if cluster.api is None:
+        pytest.skip("a real API server cannot be told to fail")
+    path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments"
+    cluster.api.fail("POST", path, code=503, times=3)
+    cluster.apply(model("e2e-flaky"))
+    cluster.wait_for_object("deployment", "e2e-flaky")
+    assert cluster.api.request_count("POST", path, agent=OPERATOR_AGENT) >= 4
+
+
+def test_deleted_deployment_is_restored(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-restore"))
+    first = cluster.wait_for_object("deployment", "e2e-restore")
+
+    cluster.kubectl("delete", "deployment", "e2e-restore", "--wait=false")
+    restored = cluster.wait_for_object(
+        "deployment",
+        "e2e-restore",
+        lambda found: found["metadata"]["uid"] != first["metadata"]["uid"],
+    )
+    assert restored["spec"]["template"]["spec"]["containers"][0]["name"] == "model-server"
+
+
+def test_hand_edited_children_are_restored(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-drift"))
+    cluster.wait_for_object("service", "e2e-drift")
+    original = cluster.wait_for_object("deployment", "e2e-drift")
+
+    ports = [{"name": "http", "port": 9999, "targetPort": "http", "protocol": "TCP"}]
+    cluster.kubectl(
+        "patch",
+        "service",
+        "e2e-drift",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"ports": ports}}),
+    )
+    cluster.wait_for_object(
+        "service", "e2e-drift", lambda found: found["spec"]["ports"][0]["port"] == 80
+    )
+
+    # A strategic merge patch, as `kubectl set image` or a hurried human would send.
+    edit = {"spec": {"template": {"spec": {"containers": [{"name": "sidecar", "image": "x/y:1"}]}}}}
+    cluster.kubectl("patch", "deployment", "e2e-drift", "-p", json.dumps(edit))
+    restored = cluster.wait_for_object(
+        "deployment",
+        "e2e-drift",
+        lambda found: found["spec"]["template"] == original["spec"]["template"],
+    )
+    assert restored["metadata"]["uid"] == original["metadata"]["uid"]
+    if cluster.api is not None:
+        path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/e2e-drift"
+        assert cluster.api.request_count("PATCH", path, agent=OPERATOR_AGENT) == 1
+
+
+def test_deleting_the_model_collects_children(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-delete", replicas=2))
+    cluster.wait_for_object("pdb", "e2e-delete")
+
+    cluster.kubectl("delete", "bm", "e2e-delete")
+    for kind, name in (
+        ("deployment", "e2e-delete"),
+        ("service", "e2e-delete"),
+        ("configmap", "e2e-delete-batching"),
+        ("pdb", "e2e-delete"),
+    ):
+        cluster.wait_gone(kind, name)
+
+
+def test_schema_rejects_invalid_specs(cluster: Cluster) -> None:
+    result = cluster.kubectl("apply", "-f", str(INVALID / "min-over-max.yaml"), check=False)
+    assert result.returncode != 0
+    assert "minReplicas must not exceed maxReplicas" in result.stderr
+
+    result = cluster.kubectl("apply", "-f", str(INVALID / "out-of-bounds.yaml"), check=False)
+    assert result.returncode != 0
+    assert "spec.replicas" in result.stderr and "fp64" in result.stderr
+    assert cluster.get("bm", "broken") is None
+
+
+def test_unrealisable_spec_is_degraded_without_retry_storm(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-degraded", model={"handler": "no handler here"}))
+    degraded = cluster.wait_for_object(
+        "bm", "e2e-degraded", lambda found: condition(found, "Degraded").get("status") == "True"
+    )
+    assert condition(degraded, "Degraded")["reason"] == "InvalidHandler"
+    assert cluster.get("deployment", "e2e-degraded") is None
+
+    version = degraded["metadata"]["resourceVersion"]
+    wait_resyncs(cluster, "e2e-degraded", count=3)
+    still = cluster.get("bm", "e2e-degraded")
+    assert still is not None and still["metadata"]["resourceVersion"] == version
+
+    # Fixing the spec brings the model up.
+    cluster.kubectl(
+        "patch", "bm", "e2e-degraded", "--type=merge",
+        "-p", json.dumps({"spec": {"model": {"handler": "toy"}}}),
+    )  # fmt: skip
+    cluster.wait_for_object("deployment", "e2e-degraded")
+    cluster.wait_for_object(
+        "bm", "e2e-degraded", lambda found: condition(found, "Degraded").get("status") == "False"
+    )
+
+
+def test_resync_of_unchanged_model_writes_nothing(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-quiet", replicas=2))
+    children = [("deployment", "e2e-quiet"), ("service", "e2e-quiet"), ("pdb", "e2e-quiet")]
+    children += [("configmap", "e2e-quiet-batching"), ("bm", "e2e-quiet")]
+    for kind, name in children:
+        cluster.wait_for_object(kind, name)
+    wait_resyncs(cluster, "e2e-quiet", count=1)  # settle: the status is written once
+
+    def versions() -> dict[str, str]:
+        found = {kind: cluster.get(kind, name) for kind, name in children}
+        return {kind: body["metadata"]["resourceVersion"] for kind, body in found.items() if body}
+
+    before = versions()
+    writes = cluster.api.write_count() if cluster.api is not None else 0
+    wait_resyncs(cluster, "e2e-quiet", count=3)
+    assert versions() == before
+    if cluster.api is not None:
+        # Counted at the API server: no request at all that could write, from anyone.
+        assert cluster.api.write_count() == writes
+
+
+def test_autoscaled_model_leaves_replicas_to_the_hpa(cluster: Cluster) -> None:
+    example = yaml.safe_load((EXAMPLES / "autoscaled.yaml").read_text())
+    example["metadata"] = {"name": "e2e-scaled"}
+    applied(cluster, example)
+    hpa = cluster.wait_for_object("hpa", "e2e-scaled")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 8)
+    metric = hpa["spec"]["metrics"][0]["pods"]
+    assert metric["metric"]["name"] == "carpool_queue_items"
+    cluster.wait_for_object("pdb", "e2e-scaled")
+
+    # Where the HPA scaled to, the operator leaves it.
+    scaled = json.dumps({"spec": {"replicas": 5}})
+    cluster.kubectl("patch", "deployment", "e2e-scaled", "--type=merge", "-p", scaled)
+    wait_resyncs(cluster, "e2e-scaled")
+    deployment = cluster.get("deployment", "e2e-scaled")
+    assert deployment is not None and deployment["spec"]["replicas"] == 5
+
+    cluster.kubectl(
+        "patch", "bm", "e2e-scaled", "--type=merge",
+        "-p", json.dumps({"spec": {"autoscaling": {"enabled": False}, "replicas": 1}}),
+    )  # fmt: skip
+    cluster.wait_gone("hpa", "e2e-scaled")
+    cluster.wait_gone("pdb", "e2e-scaled")
+    cluster.wait_for_object(
+        "deployment", "e2e-scaled", lambda found: found["spec"]["replicas"] == 1
+    )
+
+
+def test_podmonitor_only_where_the_api_exists(cluster: Cluster) -> None:
+    if cluster.api is None:
+        pytest.skip("whether a real cluster serves monitoring.coreos.com is not ours to change")
+    applied(cluster, model("e2e-monitored", monitoring={"podMonitor": True}))
+    wait_resyncs(cluster, "e2e-monitored")
+    assert not cluster.kubectl("api-resources", check=False).stdout.count("podmonitors")
+
+    cluster.api.serve_kind(Kind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"))
+    monitor = cluster.wait_for_object("podmonitors.monitoring.coreos.com", "e2e-monitored")
+    ports = [endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]]
+    assert ports == ["http", "metrics"]

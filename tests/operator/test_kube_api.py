@@ -1,0 +1,180 @@
+"""The test API server keeps the promises kopf, kubectl and helm rely on."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.kube_api import ServedKubeApi
+
+CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[ServedKubeApi]:
+    with ServedKubeApi() as server:
+        yield server
+
+
+def call(
+    served: ServedKubeApi,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(served.url + path, data=data, method=method)
+    request.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def watch(served: ServedKubeApi, path: str) -> list[dict[str, Any]]:
+    """A watch that the server ends after one second; its events."""
+    with urllib.request.urlopen(served.url + path, timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_objects_get_identity_and_lists_get_a_version(served: ServedKubeApi) -> None:
+    status, created = call(served, "POST", CONFIGMAPS, {"metadata": {"name": "ident"}})
+    assert status == 201
+    assert created["metadata"]["uid"] and created["metadata"]["resourceVersion"]
+    assert created["metadata"]["creationTimestamp"]
+    _, listing = call(served, "GET", CONFIGMAPS)
+    assert listing["kind"] == "ConfigMapList"
+    assert int(listing["metadata"]["resourceVersion"]) >= int(
+        created["metadata"]["resourceVersion"]
+    )
+    status, conflict = call(served, "POST", CONFIGMAPS, {"metadata": {"name": "ident"}})
+    assert (status, conflict["reason"]) == (409, "AlreadyExists")
+
+
+def test_watch_resumes_after_the_listed_version(served: ServedKubeApi) -> None:
+    _, listing = call(served, "GET", CONFIGMAPS)
+    version = listing["metadata"]["resourceVersion"]
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "after-list"}})
+    call(
+        served,
+        "PATCH",
+        f"{CONFIGMAPS}/after-list",
+        {"data": {"a": "1"}},
+        "application/merge-patch+json",
+    )
+
+    events = watch(served, f"{CONFIGMAPS}?watch=true&resourceVersion={version}&timeoutSeconds=1")
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "after-list"),
+        ("MODIFIED", "after-list"),
+    ]
+
+
+def test_no_op_writes_keep_the_version(served: ServedKubeApi) -> None:
+    _, created = call(
+        served, "POST", CONFIGMAPS, {"metadata": {"name": "noop"}, "data": {"k": "v"}}
+    )
+    _, patched = call(
+        served, "PATCH", f"{CONFIGMAPS}/noop", {"data": {"k": "v"}}, "application/merge-patch+json"
+    )
+    assert patched["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
+def test_status_subresource_is_split(served: ServedKubeApi) -> None:
+    body = {"metadata": {"name": "split"}, "spec": {"replicas": 1}, "status": {"readyReplicas": 9}}
+    _, created = call(served, "POST", DEPLOYMENTS, body)
+    assert "status" not in created  # ignored on create
+    merge = "application/merge-patch+json"
+    _, patched = call(
+        served, "PATCH", f"{DEPLOYMENTS}/split", {"status": {"readyReplicas": 1}}, merge
+    )
+    assert "status" not in patched
+    assert patched["metadata"]["generation"] == 1
+    _, patched = call(
+        served,
+        "PATCH",
+        f"{DEPLOYMENTS}/split/status",
+        {"status": {"readyReplicas": 1}, "spec": {"replicas": 7}},
+        merge,
+    )
+    assert patched["status"] == {"readyReplicas": 1}
+    assert patched["spec"]["replicas"] == 1
+    _, patched = call(served, "PATCH", f"{DEPLOYMENTS}/split", {"spec": {"replicas": 2}}, merge)
+    assert patched["metadata"]["generation"] == 2
+
+
+def test_json_patch_test_operation_guards_finalizers(served: ServedKubeApi) -> None:
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "fin", "finalizers": ["x/y"]}})
+    failing = [{"op": "test", "path": "/metadata/finalizers", "value": []}]
+    status, _ = call(served, "PATCH", f"{CONFIGMAPS}/fin", failing, "application/json-patch+json")
+    assert status == 422
+
+    status, deleting = call(served, "DELETE", f"{CONFIGMAPS}/fin")
+    assert status == 200 and deleting["metadata"]["deletionTimestamp"]
+    release = [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["x/y"]},
+        {"op": "remove", "path": "/metadata/finalizers"},
+    ]
+    status, _ = call(served, "PATCH", f"{CONFIGMAPS}/fin", release, "application/json-patch+json")
+    assert status == 200
+    assert call(served, "GET", f"{CONFIGMAPS}/fin")[0] == 404
+
+
+def test_owner_references_are_garbage_collected(served: ServedKubeApi) -> None:
+    _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": "owner"}})
+    reference = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
+    _, child = call(
+        served, "POST", CONFIGMAPS, {"metadata": {"name": "child", "ownerReferences": [reference]}}
+    )
+    grandchild_ref = {**reference, "name": "child", "uid": child["metadata"]["uid"]}
+    call(
+        served,
+        "POST",
+        CONFIGMAPS,
+        {"metadata": {"name": "grandchild", "ownerReferences": [grandchild_ref]}},
+    )
+
+    call(served, "DELETE", f"{CONFIGMAPS}/owner")
+    for name in ("child", "grandchild"):
+        assert call(served, "GET", f"{CONFIGMAPS}/{name}")[0] == 404
+
+
+def test_writes_are_counted(served: ServedKubeApi) -> None:
+    before = served.api.write_count()
+    call(served, "GET", CONFIGMAPS)
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "counted"}})
+    assert served.api.write_count() == before + 1
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (all lengths here stay below 128)."""
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def test_protobuf_secrets_as_helm_writes_them(served: ServedKubeApi) -> None:
+    labels = _field(11, _field(1, b"owner") + _field(2, b"helm"))
+    metadata = _field(1, b"sh.helm.release.v1.x.v1") + _field(3, b"") + labels
+    secret = _field(1, metadata) + _field(2, _field(1, b"release") + _field(2, b"\x00\x01"))
+    envelope = b"k8s\x00" + _field(1, _field(1, b"v1") + _field(2, b"Secret")) + _field(2, secret)
+    request = urllib.request.Request(
+        served.url + "/api/v1/namespaces/default/secrets", data=envelope, method="POST"
+    )
+    request.add_header("Content-Type", "application/vnd.kubernetes.protobuf")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        created = json.loads(response.read())
+    assert created["metadata"]["labels"] == {"owner": "helm"}
+    assert created["metadata"]["namespace"] == "default"
+    assert created["data"] == {"release": "AAE="}

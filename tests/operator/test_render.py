@@ -1,0 +1,222 @@
+"""`render`: the manifests a BatchedModel becomes, checked against Kubernetes 1.35's schemas."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from support.kube_schema import apply_defaults
+
+from carpool.operator.render import DEFAULT_IMAGE, render
+from carpool.operator.spec import SpecError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+CRD = yaml.safe_load((ROOT / "crds" / "batchedmodels.carpool.dev.yaml").read_text())
+SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def model(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "carpool.dev/v1alpha1",
+        "kind": "BatchedModel",
+        "metadata": {"name": "m", "namespace": "ml", "uid": "0f6d7c9e-uid", "generation": 3},
+        "spec": {"model": {"handler": "toy"}},
+    }
+    for key, value in spec.items():
+        body["spec"][key] = value
+    return body
+
+
+def by_kind(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {manifest["kind"]: manifest for manifest in manifests}
+
+
+def containers(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    pod = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]
+    return {container["name"]: container for container in pod["containers"]}
+
+
+SPECS: dict[str, dict[str, Any]] = {
+    "minimal": model(),
+    "gpu": model(
+        model={"handler": "text-embedding", "device": "cuda:0", "dtype": "fp16"},
+        resources={"gpu": 2, "cpu": "4", "memory": "16Gi"},
+        nodeSelector={"nvidia.com/gpu.present": "true"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    ),
+    "pvc": model(
+        model={
+            "handler": "torchscript",
+            "modelPath": "/weights/model.pt",
+            "weights": {"pvc": {"claimName": "weights", "mountPath": "/weights"}},
+        },
+        replicas=3,
+    ),
+    "uri": model(
+        model={
+            "handler": "mypkg.models:Classifier",
+            "weights": {"uri": {"url": "https://example.com/model.pt", "mountPath": "/w"}},
+            "env": [{"name": "HF_HOME", "value": "/tmp/hf"}],
+            "args": ["--warmup-sizes", "1,8"],
+        },
+        imagePullSecrets=[{"name": "registry"}],
+        serviceAccountName="models",
+        priorityClassName="inference",
+        affinity={"nodeAffinity": {}},
+    ),
+    "autoscaled": model(
+        autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 6},
+        monitoring={"podMonitor": True},
+        service={"type": "LoadBalancer", "port": 8080},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_manifest_is_valid_kubernetes_1_35(name: str) -> None:
+    for manifest in render(SPECS[name], podmonitor_api=True):
+        if manifest["kind"] == "PodMonitor":
+            continue  # a CRD of the Prometheus operator: not in the Kubernetes schemas
+        kubernetes_validate.validate(manifest, "1.35.0", strict=True)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_examples_render_valid_manifests(path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    for manifest in render(body, podmonitor_api=False):
+        kubernetes_validate.validate(manifest, "1.35.0", strict=True)
+
+
+def test_children_are_owned_labelled_and_namespaced() -> None:
+    for manifest in render(SPECS["autoscaled"], podmonitor_api=True):
+        metadata = manifest["metadata"]
+        assert metadata["namespace"] == "ml"
+        assert metadata["labels"]["app.kubernetes.io/managed-by"] == "carpool"
+        assert metadata["labels"]["app.kubernetes.io/instance"] == "m"
+        (owner,) = metadata["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("BatchedModel", "m", "0f6d7c9e-uid")
+        assert owner["controller"] is True
+
+
+def test_pod_layout_follows_the_architecture() -> None:
+    manifests = render(SPECS["gpu"])
+    pod = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]
+    server, sidecar = containers(manifests)["model-server"], containers(manifests)["sidecar"]
+
+    assert server["command"][:4] == ["carpool", "model-server", "--handler", "text-embedding"]
+    assert "--socket" in server["command"] and "/run/carpool/model.sock" in server["command"]
+    assert server["command"][server["command"].index("--metrics-port") + 1] == "9091"
+    assert server["command"][server["command"].index("--device") + 1] == "cuda:0"
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert sidecar["command"] == [
+        "carpool", "sidecar", "--model-name", "m",
+        "--model-server", "unix:///run/carpool/model.sock",
+        "--host", "0.0.0.0", "--port", "8080",
+        "--config-file", "/etc/carpool/batching.json",
+    ]  # fmt: skip
+    assert [port["containerPort"] for port in sidecar["ports"]] == [8080]
+    for container in (server, sidecar):
+        socket_mount = {"name": "socket", "mountPath": "/run/carpool"}
+        assert socket_mount in container["volumeMounts"]
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+    service = by_kind(manifests)["Service"]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_batching_lives_in_the_config_map_only() -> None:
+    fast = model(batching={"maxBatchSize": 8, "maxWaitMs": 1, "dispatch": "fixed"})
+    slow = model(batching={"maxBatchSize": 256, "maxWaitMs": 50})
+    fast_manifests, slow_manifests = by_kind(render(fast)), by_kind(render(slow))
+
+    assert json.loads(fast_manifests["ConfigMap"]["data"]["batching.json"]) == {
+        "maxBatchSize": 8,
+        "maxWaitMs": 1,
+        "maxInflightBatches": 2,
+        "maxQueueItems": 1024,
+        "timeoutMs": 30000,
+        "dispatch": "fixed",
+    }
+    # The pod template must not change, or a re-tune would restart every pod.
+    assert fast_manifests["Deployment"] == slow_manifests["Deployment"]
+    volumes = fast_manifests["Deployment"]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "batching", "configMap": {"name": "m-batching"}} in volumes
+
+
+def test_optional_children_follow_the_spec() -> None:
+    assert set(by_kind(render(SPECS["minimal"]))) == {"ConfigMap", "Deployment", "Service"}
+    assert "PodDisruptionBudget" in by_kind(render(SPECS["pvc"]))
+
+    scaled = by_kind(render(SPECS["autoscaled"], podmonitor_api=True))
+    assert "replicas" not in scaled["Deployment"]["spec"]  # the HPA owns it
+    metric = scaled["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]
+    assert metric == {
+        "metric": {"name": "carpool_queue_items"},
+        "target": {"type": "AverageValue", "averageValue": "16"},
+    }
+    assert "PodDisruptionBudget" in scaled  # minReplicas 2
+    endpoints = scaled["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert [endpoint["port"] for endpoint in endpoints] == ["http", "metrics"]
+    assert "PodMonitor" not in by_kind(render(SPECS["autoscaled"], podmonitor_api=False))
+
+
+def test_weights_sources() -> None:
+    pvc = by_kind(render(SPECS["pvc"]))["Deployment"]["spec"]["template"]["spec"]
+    assert {
+        "name": "weights",
+        "persistentVolumeClaim": {"claimName": "weights", "readOnly": True},
+    } in pvc["volumes"]
+    server = pvc["containers"][0]
+    assert {"name": "weights", "mountPath": "/weights", "readOnly": True} in server["volumeMounts"]
+    assert server["command"][server["command"].index("--model-path") + 1] == "/weights/model.pt"
+
+    uri = by_kind(render(SPECS["uri"]))["Deployment"]["spec"]["template"]["spec"]
+    (fetcher,) = uri["initContainers"]
+    assert fetcher["command"][-1] == "https://example.com/model.pt"
+    assert "/w/model.pt" in fetcher["command"]
+    assert {"name": "weights", "emptyDir": {}} in uri["volumes"]
+    assert uri["containers"][0]["command"][-2:] == ["--warmup-sizes", "1,8"]
+
+
+def test_images_default_to_the_operator_image() -> None:
+    images = {c["image"] for c in containers(render(model())).values()}
+    assert images == {DEFAULT_IMAGE}
+    custom = containers(render(model(), default_image="registry.local/carpool:dev"))
+    assert {c["image"] for c in custom.values()} == {"registry.local/carpool:dev"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ({"model": {"handler": "not a handler"}}, "InvalidHandler"),
+        ({"model": {"handler": "module.without.class"}}, "InvalidHandler"),
+        ({"model": {"handler": "toy", "image": "UPPER/case:tag"}}, "InvalidImage"),
+        ({"model": {"handler": "toy"}, "sidecar": {"image": "bad image"}}, "InvalidImage"),
+    ],
+)
+def test_unrealisable_specs_name_a_reason(spec: dict[str, Any], reason: str) -> None:
+    body = model()
+    body["spec"] = spec
+    with pytest.raises(SpecError) as raised:
+        render(body)
+    assert raised.value.reason == reason
+
+
+def test_operator_defaults_match_the_crd_defaults() -> None:
+    # `carpool render` sees files without server defaults; the result must not differ.
+    for body in SPECS.values():
+        defaulted = apply_defaults(copy.deepcopy(body), SCHEMA)
+        assert render(defaulted, podmonitor_api=True) == render(body, podmonitor_api=True)

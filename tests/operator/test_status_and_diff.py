@@ -1,0 +1,119 @@
+"""Conditions read off a Deployment, and the drift check that keeps resyncs write-free."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+from support.kube_defaults import apply_builtin_defaults
+
+from carpool.operator.diff import contains
+from carpool.operator.render import render
+from carpool.operator.spec import SpecError
+from carpool.operator.status import merge_conditions, observe
+
+EARLY = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+LATER = EARLY + datetime.timedelta(minutes=5)
+
+
+def deployment(replicas: int = 2, ready: int = 0, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 4},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": 4,
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": ready,
+            **status,
+        },
+    }
+
+
+def summary(found: dict[str, Any] | None, error: SpecError | None = None) -> dict[str, Any]:
+    return {c.type: (c.status, c.reason) for c in observe(found, error).conditions}
+
+
+def test_conditions_follow_the_rollout() -> None:
+    assert summary(deployment(ready=2)) == {
+        "Ready": (True, "ReplicasReady"),
+        "Progressing": (False, "RolloutComplete"),
+        "Degraded": (False, "AsExpected"),
+    }
+    assert summary(deployment(ready=1))["Ready"] == (False, "ReplicasNotReady")
+    rolling = deployment(ready=2, updatedReplicas=1)
+    assert summary(rolling)["Progressing"] == (True, "RollingOut")
+    stale = deployment(ready=2)
+    stale["metadata"]["generation"] = 5
+    assert summary(stale)["Progressing"] == (True, "RollingOut")
+    assert summary(None)["Ready"] == (False, "DeploymentMissing")
+    assert summary(deployment(replicas=0))["Ready"] == (False, "ScaledToZero")
+
+
+def test_degraded_names_the_cause() -> None:
+    stuck = deployment(
+        conditions=[
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+        ]
+    )
+    assert summary(stuck)["Degraded"] == (True, "ProgressDeadlineExceeded")
+    quota = deployment(
+        conditions=[{"type": "ReplicaFailure", "status": "True", "message": "quota"}]
+    )
+    assert summary(quota)["Degraded"] == (True, "ReplicaFailure")
+    error = SpecError("InvalidHandler", "nope")
+    assert summary(deployment(ready=2), error)["Degraded"] == (True, "InvalidHandler")
+
+
+def test_last_transition_time_moves_only_on_flips() -> None:
+    first, flipped = merge_conditions([], observe(deployment(ready=0), None).conditions, 4, EARLY)
+    assert {c.type for c in flipped} == {"Ready", "Progressing", "Degraded"}
+
+    same, flipped = merge_conditions(first, observe(deployment(ready=1), None).conditions, 5, LATER)
+    assert flipped == []
+    assert [c["lastTransitionTime"] for c in same] == [c["lastTransitionTime"] for c in first]
+    assert {c["observedGeneration"] for c in same} == {5}
+    assert same[0]["message"] == "1/2 ready"
+
+    ready, flipped = merge_conditions(same, observe(deployment(ready=2), None).conditions, 5, LATER)
+    assert [c.type for c in flipped] == ["Ready"]
+    assert ready[0]["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+    assert ready[1]["lastTransitionTime"] == first[1]["lastTransitionTime"]
+
+
+def stored(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What an API server returns for `manifest`: with its defaults and canonical quantities."""
+    result = copy.deepcopy(manifest)
+    apply_builtin_defaults(result["kind"], result)
+    result["metadata"].update(uid="x", resourceVersion="7", generation=1)
+    return result
+
+
+def test_server_defaults_are_not_drift() -> None:
+    body = {
+        "metadata": {"name": "m", "namespace": "ml", "uid": "u"},
+        "spec": {"model": {"handler": "toy"}, "resources": {"cpu": "1000m", "memory": "1Gi"}},
+    }
+    for manifest in render(body):
+        assert contains(stored(manifest), manifest), manifest["kind"]
+        assert stored(manifest) != manifest  # the server did add something
+
+
+def test_changes_to_our_fields_are_drift() -> None:
+    body = {
+        "metadata": {"name": "m", "namespace": "ml", "uid": "u"},
+        "spec": {"model": {"handler": "toy"}},
+    }
+    wanted = {manifest["kind"]: manifest for manifest in render(body)}["Deployment"]
+    actual = stored(wanted)
+    actual["spec"]["template"]["spec"]["containers"][1]["image"] = "someone/else:1"
+    assert not contains(actual, wanted)
+
+    actual = stored(wanted)
+    actual["spec"]["template"]["spec"]["volumes"].pop()
+    assert not contains(actual, wanted)
+
+    actual = stored(wanted)
+    actual["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
+    assert not contains(actual, wanted)

@@ -1,0 +1,996 @@
+"""A Kubernetes API server for tests, on kmock's KubernetesEmulator, served on 127.0.0.1.
+
+Good enough for the real kopf operator, kubectl and (with the gaps below) helm. Start it with
+`ServedKubeApi` (a thread with its own event loop, so that tests may block on subprocesses) and
+point clients at it with `ServedKubeApi.write_kubeconfig(path)`::
+
+    with ServedKubeApi() as served:
+        kubeconfig = served.write_kubeconfig(tmp_path / "kubeconfig")
+        subprocess.run([kubectl, "--kubeconfig", kubeconfig, "apply", "-f", crd_path], ...)
+        served.api.write_count(agent="carpool-operator")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import attrs
+import kmock
+import yaml
+from aiohttp import web
+
+from support import kube_protobuf as protobuf
+from support.kube_defaults import apply_builtin_defaults
+from support.kube_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from support.kube_schema import Cause, apply_defaults, prune, validate
+from support.kube_tables import table
+
+Json = dict[str, Any]
+KindKey = tuple[str, str, str]  # group, version, plural
+ObjectKey = tuple[KindKey, str, str]  # kind, namespace ("" when cluster-scoped), name
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+    status: bool = False  # has a status subresource
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    schema: Json | None = None  # a CRD's openAPIV3Schema
+    columns: tuple[Json, ...] = ()  # a CRD's additionalPrinterColumns
+
+    @property
+    def key(self) -> KindKey:
+        return (self.group, self.version, self.plural)
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+BUILTIN_KINDS = (
+    Kind("", "v1", "namespaces", "Namespace", namespaced=False, status=True, short_names=("ns",)),
+    Kind("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
+    Kind("", "v1", "secrets", "Secret"),
+    Kind("", "v1", "services", "Service", status=True, short_names=("svc",)),
+    Kind("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
+    Kind("", "v1", "pods", "Pod", status=True, short_names=("po",)),
+    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", status=True),
+    Kind("", "v1", "events", "Event", short_names=("ev",)),
+    Kind("apps", "v1", "deployments", "Deployment", status=True, short_names=("deploy",)),
+    Kind("apps", "v1", "replicasets", "ReplicaSet", status=True, short_names=("rs",)),
+    Kind(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        status=True,
+        short_names=("pdb",),
+    ),
+    Kind(
+        "autoscaling",
+        "v2",
+        "horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        status=True,
+        short_names=("hpa",),
+    ),
+    Kind("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
+    Kind("coordination.k8s.io", "v1", "leases", "Lease"),
+    Kind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Kind(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+    Kind(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        namespaced=False,
+        status=True,
+        short_names=("crd",),
+    ),
+)
+CRD_KEY: KindKey = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+
+
+class ApiFailure(Exception):
+    """An error answer, rendered as a meta/v1 Status like a real API server's."""
+
+    def __init__(self, code: int, reason: str, message: str, details: Json | None = None) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self) -> Json:
+        status: Json = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            status["details"] = self.details
+        return status
+
+
+def _not_found(kind: Kind, name: str) -> ApiFailure:
+    details = {"name": name, "group": kind.group, "kind": kind.plural}
+    return ApiFailure(404, "NotFound", f'{kind.qualified} "{name}" not found', details)
+
+
+def _dotted(obj: Json, path: str) -> Any:
+    """A field selector's value: `involvedObject.name` -> obj["involvedObject"]["name"]."""
+    node: Any = obj
+    for part in path.split("."):
+        node = node.get(part, "") if isinstance(node, dict) else ""
+    return node
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a resource URL names."""
+
+    group: str
+    version: str
+    plural: str = ""
+    namespace: str = ""
+    name: str = ""
+    subresource: str = ""
+
+
+def parse_target(path: str) -> Target | None:
+    parts = [part for part in path.split("/") if part]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    padded = [*rest, "", "", ""]
+    return Target(group, version, padded[0], namespace, padded[1], "/".join(rest[2:]))
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    operator: str  # "=", "!=", "in", "notin", "exists", "!"
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        value = labels.get(self.key)
+        if self.operator == "exists":
+            return value is not None
+        if self.operator == "!":
+            return value is None
+        if self.operator in ("=", "in"):
+            return value in self.values
+        return value not in self.values
+
+
+def parse_selector(text: str) -> list[Requirement]:
+    """Label selectors: k=v, k==v, k!=v, k, !k, k in (a,b), k notin (a,b)."""
+    requirements: list[Requirement] = []
+    depth, start, pieces = 0, 0, []
+    for index, char in enumerate(text):
+        depth += char == "("
+        depth -= char == ")"
+        if char == "," and depth == 0:
+            pieces.append(text[start:index])
+            start = index + 1
+    pieces.append(text[start:])
+    for piece in (piece.strip() for piece in pieces if piece.strip()):
+        for word, operator in ((" notin ", "notin"), (" in ", "in")):
+            if word in piece:
+                key, _, values = piece.partition(word)
+                names = frozenset(v.strip() for v in values.strip(" ()").split(","))
+                requirements.append(Requirement(key.strip(), operator, names))
+                break
+        else:
+            if "!=" in piece:
+                key, _, value = piece.partition("!=")
+                requirements.append(Requirement(key.strip(), "!=", frozenset({value.strip()})))
+            elif "=" in piece:
+                key, _, value = piece.replace("==", "=").partition("=")
+                requirements.append(Requirement(key.strip(), "=", frozenset({value.strip()})))
+            elif piece.startswith("!"):
+                requirements.append(Requirement(piece[1:].strip(), "!"))
+            else:
+                requirements.append(Requirement(piece, "exists"))
+    return requirements
+
+
+@dataclass
+class Watcher:
+    kind: KindKey
+    namespace: str
+    matches: Callable[[Json], bool]
+    queue: asyncio.Queue[Json] = field(default_factory=asyncio.Queue)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request, for assertions: who did what to which path."""
+
+    method: str
+    path: str
+    agent: str
+    content_type: str
+
+
+@dataclass
+class Failure:
+    """An injected error: the next `times` requests matching method and path get it."""
+
+    method: str
+    path: str
+    code: int
+    times: int
+
+
+@attrs.define(kw_only=True)
+class KubeApiServer(kmock.KubernetesEmulator):
+    """kmock's KubernetesEmulator, completed where kopf, kubectl and helm need more.
+
+    Added over the stock emulator: objects get uid, resourceVersion (one cluster-wide counter),
+    generation (bumped when anything outside metadata and status changes) and creationTimestamp;
+    lists carry kind and resourceVersion; watches honour `?resourceVersion=` (replaying the
+    event history after it, so nothing is lost between a list and its watch), `labelSelector`,
+    `fieldSelector` (equality on dotted paths) and `timeoutSeconds`; PUT; merge, JSON and
+    (approximated, see kube_patch) strategic merge patches; server-side apply treated as create-
+    or-merge-patch; no-op writes do not bump resourceVersion; a status subresource split for
+    kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
+    `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
+    cascading, background-style); discovery (`/api`, `/apis`, each group and version) including
+    CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
+    (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
+    schema including known CEL rules (see kube_schema); a few API-server defaults of Deployments
+    and Services (see kube_defaults), so that clients can prove they compare only their own
+    fields; server-side Tables for `kubectl get`, with a CRD's printer columns; `dryRun`; and a
+    log of requests (`records`, `write_count`); injected errors (`fail`); protobuf request
+    bodies of Secrets and ConfigMaps (helm's release storage; see kube_protobuf).
+
+    Still unlike a real API server: no authentication, authorization, admission webhooks,
+    quotas or namespace lifecycle (objects may land in namespaces that do not exist); no
+    controllers (Deployments never get pods or status unless a test writes it); built-in kinds
+    are stored as sent, without schema validation or pruning; CEL rules other than the known
+    ones are ignored; `/openapi/v3` holds only each kind's PATCH operation with its
+    `fieldValidation` parameter (enough for kubectl to leave validation to the server) and no
+    schemas, and there is no `/openapi/v2`, so kubectl's client-side strategic merge falls back
+    to its compiled-in types; no other protobuf, no aggregated discovery (clients fall back to the
+    legacy documents), no deletecollection, no `/scale` subresource (`kubectl scale` fails;
+    patch spec.replicas instead), no watch bookmarks, no 410 Gone (the whole history is
+    kept), no `managedFields` (server-side apply conflicts are never detected); Tables of
+    built-in kinds show only Name and Age.
+    """
+
+    kinds: dict[KindKey, Kind] = attrs.field(init=False, factory=dict)
+    store: dict[ObjectKey, Json] = attrs.field(init=False, factory=dict)
+    records: list[Record] = attrs.field(init=False, factory=list)
+    _revision: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(2))
+    _history: list[tuple[int, KindKey, Json]] = attrs.field(init=False, factory=list)
+    _watchers: list[Watcher] = attrs.field(init=False, factory=list)
+    _failures: list[Failure] = attrs.field(init=False, factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for kind in BUILTIN_KINDS:
+            self.kinds[kind.key] = kind
+        for namespace in ("default", "kube-system"):
+            self._create(self.kinds["", "v1", "namespaces"], "", {"metadata": {"name": namespace}})
+
+    # ---- for tests --------------------------------------------------------------------------
+
+    def write_count(self, *, agent: str = "") -> int:
+        """Write requests so far (POST, PUT, PATCH, DELETE) whose User-Agent contains `agent`."""
+        return sum(1 for r in list(self.records) if r.method in WRITE_METHODS and agent in r.agent)
+
+    def request_count(self, method: str, path: str, *, agent: str = "") -> int:
+        return sum(
+            1
+            for r in list(self.records)
+            if r.method == method and r.path == path and agent in r.agent
+        )
+
+    def fail(self, method: str, path: str, *, code: int = 500, times: int = 1) -> None:
+        """Answer the next `times` requests of `method` to exactly `path` with `code`."""
+        self._failures.append(Failure(method, path, code, times))
+
+    def serve_kind(self, kind: Kind) -> None:
+        """Declare an API the cluster serves, e.g. monitoring.coreos.com's PodMonitor."""
+        self.kinds[kind.key] = kind
+
+    # ---- HTTP -------------------------------------------------------------------------------
+
+    async def __call__(self, raw_request: web.BaseRequest) -> web.StreamResponse:
+        # kmock's own URL parsing fails on cluster-scoped collections (/api/v1/namespaces), so
+        # requests are built here; routing below reads only the HTTP parts of them.
+        body = await raw_request.read()
+        text = body.decode("utf-8", errors="replace")
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = None
+        request = kmock.Request(
+            id=len(self.records),
+            raw_request=raw_request,
+            method=raw_request.method,
+            url=raw_request.url,
+            params=dict(raw_request.query),
+            headers=dict(raw_request.headers),
+            body=body,
+            text=text,
+            data=data,
+        )
+        try:
+            return await self._handle(request)
+        except Exception as error:  # a bug here should reach the client as a 500, not a hang
+            return await self._render_error(error)
+
+    async def _handle(self, request: kmock.Request) -> web.StreamResponse:
+        method = str(request.method.value).upper()
+        headers = {key.lower(): value for key, value in request.headers.items()}
+        self.records.append(
+            Record(
+                method,
+                request.url.path,
+                headers.get("user-agent", ""),
+                headers.get("content-type", ""),
+            )
+        )
+        try:
+            self._injected_failure(method, request.url.path)
+            status, payload = self._route(request, method, headers)
+        except ApiFailure as failure:
+            status, payload = failure.code, failure.status()
+        except PatchError as error:
+            failure = ApiFailure(
+                error.status, "Invalid" if error.status == 422 else "BadRequest", str(error)
+            )
+            status, payload = failure.code, failure.status()
+        return await kmock.Response(status=status, payload=payload)(request)
+
+    def _injected_failure(self, method: str, path: str) -> None:
+        for failure in self._failures:
+            if failure.times > 0 and (failure.method, failure.path) == (method, path):
+                failure.times -= 1
+                raise ApiFailure(failure.code, "InternalError", "injected by the test")
+
+    def _route(
+        self, request: kmock.Request, method: str, headers: dict[str, str]
+    ) -> tuple[int, Any]:
+        path = request.url.path.rstrip("/") or "/"
+        params = dict(request.params)
+        if path == "/version":
+            return 200, {
+                "major": "1",
+                "minor": "35",
+                "gitVersion": "v1.35.0",
+                "platform": "linux/amd64",
+            }
+        if path == "/api":
+            return 200, {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [],
+            }
+        if path == "/apis":
+            return 200, self._group_list()
+        if path == "/openapi/v3":
+            return 200, self._openapi_index()
+        if path.startswith("/openapi/v3/"):
+            return 200, self._openapi_document(path.removeprefix("/openapi/v3/"))
+        target = parse_target(path)
+        if target is None:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        if not target.plural:
+            return 200, self._discover(target)
+        kind = self.kinds.get((target.group, target.version, target.plural))
+        if kind is None:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        namespace = target.namespace if kind.namespaced else ""
+        wants_table = "as=Table" in headers.get("accept", "")
+        if method == "GET" and params.get("watch") in ("true", "1"):
+            return 200, self._watch(kind, namespace, params, target.name)
+        if method == "GET" and not target.name:
+            listing = self._list(kind, namespace, params)
+            if wants_table:
+                return 200, table(listing["items"], list(kind.columns), "v1")
+            return 200, listing
+        if method == "POST" and not target.name:
+            return 201, self._create(kind, namespace, self._body(request, headers), params)
+        if not target.name:
+            raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported on collections")
+        key: ObjectKey = (kind.key, namespace, target.name)
+        if method == "GET":
+            found = self._existing(kind, key)
+            if wants_table:
+                return 200, table([found], list(kind.columns), "v1")
+            return 200, found
+        if method == "PUT":
+            body = self._body(request, headers)
+            return 200, self._update(kind, key, body, target.subresource, params, replace=True)
+        if method == "PATCH":
+            return self._patch(kind, key, request, headers, target.subresource, params)
+        if method == "DELETE":
+            return 200, self._delete(kind, key, params)
+        raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported")
+
+    @staticmethod
+    def _body(request: kmock.Request, headers: dict[str, str]) -> Any:
+        if headers.get("content-type", "").startswith("application/vnd.kubernetes.protobuf"):
+            try:
+                return protobuf.decode(request.body)
+            except (ValueError, IndexError, UnicodeDecodeError) as error:
+                raise ApiFailure(415, "UnsupportedMediaType", str(error)) from error
+        if isinstance(request.data, dict | list):
+            return request.data
+        try:
+            return yaml.safe_load(request.text) if request.text else {}
+        except yaml.YAMLError as error:
+            raise ApiFailure(400, "BadRequest", f"cannot decode the body: {error}") from error
+
+    # ---- discovery --------------------------------------------------------------------------
+
+    def _group_list(self) -> Json:
+        groups: dict[str, list[str]] = {}
+        for kind in self.kinds.values():
+            if kind.group and kind.version not in groups.setdefault(kind.group, []):
+                groups[kind.group].append(kind.version)
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [self._group(name, versions) for name, versions in sorted(groups.items())],
+        }
+
+    @staticmethod
+    def _group(name: str, versions: list[str]) -> Json:
+        entries = [
+            {"groupVersion": f"{name}/{version}", "version": version} for version in versions
+        ]
+        return {"name": name, "versions": entries, "preferredVersion": entries[0]}
+
+    def _discover(self, target: Target) -> Json:
+        if not target.version and target.group:
+            versions = [k.version for k in self.kinds.values() if k.group == target.group]
+            if not versions:
+                raise ApiFailure(
+                    404, "NotFound", "the server could not find the requested resource"
+                )
+            return {
+                "kind": "APIGroup",
+                "apiVersion": "v1",
+                **self._group(target.group, sorted(set(versions))),
+            }
+        kinds = [
+            k for k in self.kinds.values() if (k.group, k.version) == (target.group, target.version)
+        ]
+        if not kinds:
+            # /apis/GROUP arrives here as group=GROUP with the version slot empty: handled above.
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        resources: list[Json] = []
+        for kind in kinds:
+            resources.append(
+                {
+                    "name": kind.plural,
+                    "singularName": kind.kind.lower(),
+                    "namespaced": kind.namespaced,
+                    "kind": kind.kind,
+                    "verbs": VERBS,
+                    "shortNames": list(kind.short_names),
+                    "categories": list(kind.categories),
+                }
+            )
+            if kind.status:
+                resources.append(
+                    {
+                        "name": f"{kind.plural}/status",
+                        "singularName": "",
+                        "namespaced": kind.namespaced,
+                        "kind": kind.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": kinds[0].api_version,
+            "resources": resources,
+        }
+
+    # ---- OpenAPI v3: just enough for kubectl to trust server-side field validation -------
+
+    def _openapi_index(self) -> Json:
+        versions = {(kind.group, kind.version) for kind in self.kinds.values()}
+        paths = {}
+        for group, version in sorted(versions):
+            name = f"apis/{group}/{version}" if group else f"api/{version}"
+            paths[name] = {
+                "serverRelativeURL": f"/openapi/v3/{name}?hash={self._current_revision()}"
+            }
+        return {"paths": paths}
+
+    def _openapi_document(self, name: str) -> Json:
+        """Each kind's PATCH operation with its fieldValidation parameter; no schemas."""
+        target = parse_target("/" + name)
+        if target is None:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        paths: Json = {}
+        for kind in self.kinds.values():
+            if (kind.group, kind.version) != (target.group, target.version):
+                continue
+            root = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
+            scope = "/namespaces/{namespace}" if kind.namespaced else ""
+            paths[f"{root}{scope}/{kind.plural}/{{name}}"] = {
+                "patch": {
+                    "parameters": [
+                        {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}
+                    ],
+                    "responses": {"200": {"description": "OK"}},
+                    "x-kubernetes-action": "patch",
+                    "x-kubernetes-group-version-kind": {
+                        "group": kind.group,
+                        "version": kind.version,
+                        "kind": kind.kind,
+                    },
+                }
+            }
+        if not paths:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        return {
+            "openapi": "3.0.0",
+            "info": {"title": "Kubernetes", "version": "v1.35.0"},
+            "paths": paths,
+        }
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    def _existing(self, kind: Kind, key: ObjectKey) -> Json:
+        found = self.store.get(key)
+        if found is None:
+            raise _not_found(kind, key[2])
+        return copy.deepcopy(found)
+
+    def _matcher(
+        self, namespace: str, params: dict[str, str], name: str = ""
+    ) -> Callable[[Json], bool]:
+        requirements = parse_selector(params.get("labelSelector", ""))
+        fields = dict(
+            piece.replace("==", "=").split("=", 1)
+            for piece in params.get("fieldSelector", "").split(",")
+            if "=" in piece
+        )
+        if name:
+            fields["metadata.name"] = name
+        if namespace:
+            fields["metadata.namespace"] = namespace
+
+        def matches(obj: Json) -> bool:
+            labels = obj.get("metadata", {}).get("labels") or {}
+            return all(str(_dotted(obj, path)) == value for path, value in fields.items()) and all(
+                requirement.matches(labels) for requirement in requirements
+            )
+
+        return matches
+
+    def _list(self, kind: Kind, namespace: str, params: dict[str, str]) -> Json:
+        matches = self._matcher(namespace, params)
+        items = [
+            copy.deepcopy(obj)
+            for (key, _, _), obj in sorted(self.store.items())
+            if key == kind.key and matches(obj)
+        ]
+        return {
+            "kind": f"{kind.kind}List",
+            "apiVersion": kind.api_version,
+            "metadata": {"resourceVersion": str(self._current_revision())},
+            "items": items,
+        }
+
+    def _current_revision(self) -> int:
+        return self._history[-1][0] if self._history else 1
+
+    def _watch(
+        self, kind: Kind, namespace: str, params: dict[str, str], name: str
+    ) -> AsyncIterator[Any]:
+        matches = self._matcher(namespace, params, name)
+        since = params.get("resourceVersion", "")
+        if since and since != "0":
+            backlog = [
+                copy.deepcopy(event)
+                for revision, key, event in self._history
+                if key == kind.key and revision > int(since) and matches(event["object"])
+            ]
+        else:
+            listing = self._list(kind, namespace, params)
+            backlog = [{"type": "ADDED", "object": obj} for obj in listing["items"] if matches(obj)]
+        # Registered before any await: no write can slip between the backlog and the queue.
+        watcher = Watcher(kind.key, namespace, matches)
+        self._watchers.append(watcher)
+        timeout = float(params.get("timeoutSeconds") or 1800)
+
+        async def stream() -> AsyncIterator[Any]:
+            try:
+                yield b""  # sends the headers now: a quiet watch is still a watch
+                for event in backlog:
+                    yield event
+                deadline = asyncio.get_running_loop().time() + timeout
+                while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
+                    try:
+                        yield await asyncio.wait_for(watcher.queue.get(), remaining)
+                    except TimeoutError:
+                        break
+            finally:
+                self._watchers.remove(watcher)
+
+        return stream()
+
+    # ---- writing ----------------------------------------------------------------------------
+
+    def _emit(self, kind: Kind, event_type: str, obj: Json) -> None:
+        revision = int(obj["metadata"]["resourceVersion"])
+        event = {"type": event_type, "object": copy.deepcopy(obj)}
+        self._history.append((revision, kind.key, event))
+        for watcher in self._watchers:
+            if watcher.kind == kind.key and watcher.matches(obj):
+                watcher.queue.put_nowait(copy.deepcopy(event))
+
+    def _admit(self, kind: Kind, obj: Json, params: dict[str, str]) -> None:
+        """Defaults, pruning and validation: what the API server does before storing."""
+        apply_builtin_defaults(kind.kind, obj)
+        if kind.schema is None:
+            return
+        apply_defaults(obj, kind.schema)
+        unknown = prune(obj, kind.schema)
+        if unknown and params.get("fieldValidation") == "Strict":
+            fields = ", ".join(f'unknown field "{path}"' for path in unknown)
+            raise ApiFailure(
+                400,
+                "BadRequest",
+                f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
+                f"strict decoding error: {fields}",
+            )
+        causes = validate(obj, kind.schema)
+        if causes:
+            raise self._invalid(kind, obj["metadata"].get("name", ""), causes)
+
+    @staticmethod
+    def _invalid(kind: Kind, name: str, causes: list[Cause]) -> ApiFailure:
+        texts = [f"{cause.field}: {cause.message}" for cause in causes]
+        summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+        details = {
+            "name": name,
+            "group": kind.group,
+            "kind": kind.kind,
+            "causes": [
+                {"reason": cause.reason, "message": cause.message, "field": cause.field}
+                for cause in causes
+            ],
+        }
+        message = f'{kind.kind}.{kind.group or "core"} "{name}" is invalid: {summary}'
+        return ApiFailure(422, "Invalid", message, details)
+
+    def _create(
+        self, kind: Kind, namespace: str, body: Any, params: dict[str, str] | None = None
+    ) -> Json:
+        params = params or {}
+        if not isinstance(body, dict):
+            raise ApiFailure(400, "BadRequest", "the body is not an object")
+        obj = copy.deepcopy(body)
+        metadata = obj.setdefault("metadata", {})
+        if kind.namespaced:
+            namespace = namespace or metadata.get("namespace") or "default"
+            if (metadata.get("namespace") or namespace) != namespace:
+                raise ApiFailure(
+                    400, "BadRequest", "the namespace of the object does not match the URL"
+                )
+            metadata["namespace"] = namespace
+        else:
+            metadata.pop("namespace", None)
+        if not metadata.get("name") and metadata.get("generateName"):
+            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
+        name = metadata.get("name")
+        if not name:
+            raise ApiFailure(
+                422, "Invalid", "metadata.name: Required value: name or generateName is required"
+            )
+        key: ObjectKey = (kind.key, namespace if kind.namespaced else "", name)
+        if key in self.store:
+            details = {"name": name, "group": kind.group, "kind": kind.plural}
+            raise ApiFailure(
+                409, "AlreadyExists", f'{kind.qualified} "{name}" already exists', details
+            )
+        obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+        if kind.status and kind.key != CRD_KEY:
+            obj.pop("status", None)
+        for transient in ("uid", "resourceVersion", "deletionTimestamp", "generation"):
+            metadata.pop(transient, None)
+        self._admit(kind, obj, params)
+        metadata.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        if kind.key == CRD_KEY:
+            self._establish(obj)
+        if params.get("dryRun"):
+            return obj
+        metadata["resourceVersion"] = str(next(self._revision))
+        self.store[key] = obj
+        self._emit(kind, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    def _update(
+        self,
+        kind: Kind,
+        key: ObjectKey,
+        body: Any,
+        subresource: str,
+        params: dict[str, str],
+        *,
+        replace: bool,
+    ) -> Json:
+        old = self._existing(kind, key)
+        if not isinstance(body, dict):
+            raise ApiFailure(400, "BadRequest", "the body is not an object")
+        sent_version = body.get("metadata", {}).get("resourceVersion")
+        if replace and sent_version and sent_version != old["metadata"]["resourceVersion"]:
+            message = (
+                f'Operation cannot be fulfilled on {kind.qualified} "{key[2]}": the object has '
+                "been modified; please apply your changes to the latest version and try again"
+            )
+            raise ApiFailure(409, "Conflict", message)
+        new = copy.deepcopy(body)
+        if subresource == "status":
+            new = {**old, "status": new.get("status")}
+            if new["status"] is None:
+                del new["status"]
+        elif subresource:
+            raise ApiFailure(404, "NotFound", f"subresource {subresource} is not served")
+        elif kind.status and kind.key != CRD_KEY:
+            new.pop("status", None)
+            if "status" in old:
+                new["status"] = old["status"]
+        metadata = new.setdefault("metadata", {})
+        for fixed in (
+            "uid",
+            "creationTimestamp",
+            "name",
+            "namespace",
+            "deletionTimestamp",
+            "generation",
+        ):
+            if fixed in old["metadata"]:
+                metadata[fixed] = old["metadata"][fixed]
+            else:
+                metadata.pop(fixed, None)
+        metadata["resourceVersion"] = old["metadata"]["resourceVersion"]
+        new["apiVersion"], new["kind"] = kind.api_version, kind.kind
+        self._admit(kind, new, params)
+        if kind.key == CRD_KEY:
+            self._establish(new)
+
+        def essence(obj: Json) -> Json:
+            return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+
+        if essence(new) != essence(old):
+            metadata["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if new == old or params.get("dryRun"):
+            return new  # a no-op write changes nothing, not even the resourceVersion
+        metadata["resourceVersion"] = str(next(self._revision))
+        if metadata.get("deletionTimestamp") and not metadata.get("finalizers"):
+            self._remove(kind, key, new)
+            return new
+        self.store[key] = new
+        self._emit(kind, "MODIFIED", new)
+        return copy.deepcopy(new)
+
+    def _patch(
+        self,
+        kind: Kind,
+        key: ObjectKey,
+        request: kmock.Request,
+        headers: dict[str, str],
+        subresource: str,
+        params: dict[str, str],
+    ) -> tuple[int, Json]:
+        content_type = headers.get("content-type", "").split(";")[0].strip()
+        body = self._body(request, headers)
+        if content_type == "application/apply-patch+yaml" and key not in self.store:
+            return 201, self._create(kind, key[1], body, params)
+        old = self._existing(kind, key)
+        if content_type == "application/json-patch+json":
+            patched = json_patch(old, body)
+        elif content_type == "application/strategic-merge-patch+json":
+            if kind.schema is not None:
+                raise ApiFailure(
+                    415,
+                    "UnsupportedMediaType",
+                    "strategic merge patch is not supported for custom resources",
+                )
+            patched = strategic_merge_patch(old, body)
+        elif content_type in ("application/merge-patch+json", "application/apply-patch+yaml"):
+            patched = merge_patch(old, body)
+        else:
+            raise ApiFailure(
+                415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported"
+            )
+        return 200, self._update(kind, key, patched, subresource, params, replace=False)
+
+    def _delete(self, kind: Kind, key: ObjectKey, params: dict[str, str]) -> Json:
+        obj = self._existing(kind, key)
+        if params.get("dryRun"):
+            return obj
+        metadata = obj["metadata"]
+        if metadata.get("finalizers"):
+            if not metadata.get("deletionTimestamp"):
+                metadata.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+                metadata["resourceVersion"] = str(next(self._revision))
+                self.store[key] = obj
+                self._emit(kind, "MODIFIED", obj)
+            return copy.deepcopy(obj)
+        metadata["resourceVersion"] = str(next(self._revision))
+        self._remove(kind, key, obj)
+        return obj
+
+    def _remove(self, kind: Kind, key: ObjectKey, obj: Json) -> None:
+        """Delete for good, then collect what it owned (and, for a CRD, its objects)."""
+        self.store.pop(key, None)
+        self._emit(kind, "DELETED", obj)
+        uid = obj["metadata"]["uid"]
+        if kind.key == CRD_KEY:
+            for served in self._crd_kinds(obj):
+                self._collect(lambda k, _o, gone=served.key: k == gone)
+                self.kinds.pop(served.key, None)
+        self._collect(
+            lambda _k, o: any(
+                ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", [])
+            )
+        )
+
+    def _collect(self, condemned: Callable[[KindKey, Json], bool]) -> None:
+        for (kind_key, namespace, name), obj in list(self.store.items()):
+            if (kind_key, namespace, name) in self.store and condemned(kind_key, obj):
+                kind = self.kinds[kind_key]
+                self._delete(kind, (kind_key, namespace, name), {})
+
+    # ---- custom resource definitions --------------------------------------------------------
+
+    @staticmethod
+    def _crd_kinds(crd: Json) -> Iterable[Kind]:
+        spec = crd.get("spec", {})
+        names = spec.get("names", {})
+        for version in spec.get("versions", []):
+            if not version.get("served", True):
+                continue
+            yield Kind(
+                group=spec.get("group", ""),
+                version=version["name"],
+                plural=names.get("plural", ""),
+                kind=names.get("kind", ""),
+                namespaced=spec.get("scope") == "Namespaced",
+                status="status" in (version.get("subresources") or {}),
+                short_names=tuple(names.get("shortNames", [])),
+                categories=tuple(names.get("categories", [])),
+                schema=(version.get("schema") or {}).get(
+                    "openAPIV3Schema",
+                    {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                ),
+                columns=tuple(version.get("additionalPrinterColumns", [])),
+            )
+
+    def _establish(self, crd: Json) -> None:
+        """Serve the CRD's kinds at once and say so in its status, as a real server soon does."""
+        for kind in self._crd_kinds(crd):
+            self.kinds[kind.key] = kind
+        spec = crd.get("spec", {})
+        conditions = [
+            {
+                "type": kind,
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": _now(),
+            }
+            for kind, reason, message in (
+                ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+            )
+        ]
+        old_conditions = crd.get("status", {}).get("conditions")
+        crd["status"] = {
+            "acceptedNames": spec.get("names", {}),
+            "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
+            "conditions": old_conditions or conditions,
+        }
+
+
+class ServedKubeApi:
+    """A KubeApiServer on 127.0.0.1 and a free port, in a thread with its own event loop."""
+
+    def __init__(self) -> None:
+        self.api = KubeApiServer()
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="kube-api", daemon=True)
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> ServedKubeApi:
+        self._thread.start()
+        if not self._ready.wait(timeout=30) or self._error is not None:
+            raise RuntimeError(f"the test API server did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as error:  # reported to the thread that waits in __enter__
+            self._error = error
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with self.api, kmock.Server(self.api) as server:
+            self.url = f"http://{server.host}:{server.port}"
+            self._ready.set()
+            await self._stop.wait()
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "carpool-test", "cluster": {"server": self.url}}],
+            "users": [{"name": "carpool-test", "user": {"token": "carpool-test"}}],
+            "contexts": [
+                {
+                    "name": "carpool-test",
+                    "context": {
+                        "cluster": "carpool-test",
+                        "user": "carpool-test",
+                        "namespace": namespace,
+                    },
+                }
+            ],
+            "current-context": "carpool-test",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path

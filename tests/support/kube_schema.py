@@ -1,0 +1,164 @@
+"""Structural-schema handling of custom resources, as the API server does it.
+
+Defaulting, pruning of unknown fields, and validation of type, bounds, enum, pattern, lengths,
+required fields and the CEL rules (`x-kubernetes-validations`) carpool's CRD uses. CEL is not
+interpreted: CEL_RULES maps each known rule's text to a Python predicate; unknown rules pass.
+Messages follow the API server's wording so kubectl prints what users would see.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _exactly_one(node: Any) -> bool:
+    return sum(key in node for key in ("image", "pvc", "uri")) == 1
+
+
+def _min_not_over_max(node: Any) -> bool:
+    return bool(node.get("minReplicas", 0) <= node.get("maxReplicas", 0))
+
+
+CEL_RULES: dict[str, Callable[[Any], bool]] = {
+    "[has(self.image), has(self.pvc), has(self.uri)].filter(x, x).size() == 1": _exactly_one,
+    "self.minReplicas <= self.maxReplicas": _min_not_over_max,
+}
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+}
+
+
+@dataclass(frozen=True)
+class Cause:
+    field: str
+    message: str
+    reason: str = "FieldValueInvalid"
+
+
+def _quote(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return '"object"' if isinstance(value, dict) else '"array"'
+    return str(value)
+
+
+def apply_defaults(node: Any, schema: dict[str, Any]) -> Any:
+    """Fill in `default`s for absent fields, recursively (also inside defaulted values)."""
+    if isinstance(node, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in node and "default" in sub:
+                node[key] = copy.deepcopy(sub["default"])
+            if key in node:
+                node[key] = apply_defaults(node[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in node:
+                node[key] = apply_defaults(node[key], extra)
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in node]
+    return node
+
+
+def prune(node: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Drop fields the schema does not declare; return their paths."""
+    dropped: list[str] = []
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return dropped
+    if isinstance(node, dict) and schema.get("type") == "object":
+        properties = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key in list(node):
+            child = f"{path}.{key}" if path else key
+            if path == "" and key in ("apiVersion", "kind", "metadata"):
+                continue  # the object's envelope is the API server's, never pruned
+            if key in properties:
+                dropped += prune(node[key], properties[key], child)
+            elif isinstance(extra, dict):
+                dropped += prune(node[key], extra, child)
+            else:
+                dropped.append(child)
+                del node[key]
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(node):
+            dropped += prune(item, schema["items"], f"{path}[{index}]")
+    return dropped
+
+
+def _check_scalar(node: Any, schema: dict[str, Any], path: str) -> list[Cause]:
+    causes: list[Cause] = []
+    if "enum" in schema and node not in schema["enum"]:
+        allowed = ", ".join(_quote(value) for value in schema["enum"])
+        message = f"Unsupported value: {_quote(node)}: supported values: {allowed}"
+        causes.append(Cause(path, message, "FieldValueNotSupported"))
+    if isinstance(node, int | float) and not isinstance(node, bool):
+        if "minimum" in schema and node < schema["minimum"]:
+            message = f"{path} in body should be greater than or equal to {schema['minimum']}"
+            causes.append(Cause(path, f"Invalid value: {node}: {message}"))
+        if "maximum" in schema and node > schema["maximum"]:
+            message = f"{path} in body should be less than or equal to {schema['maximum']}"
+            causes.append(Cause(path, f"Invalid value: {node}: {message}"))
+    if isinstance(node, str):
+        if "minLength" in schema and len(node) < schema["minLength"]:
+            message = f"{path} in body should be at least {schema['minLength']} chars long"
+            causes.append(Cause(path, f"Invalid value: {_quote(node)}: {message}"))
+        if "maxLength" in schema and len(node) > schema["maxLength"]:
+            message = f"may not be more than {schema['maxLength']} bytes"
+            causes.append(Cause(path, f"Too long: {message}", "FieldValueTooLong"))
+        if "pattern" in schema and not re.search(schema["pattern"], node):
+            message = f"{path} in body should match '{schema['pattern']}'"
+            causes.append(Cause(path, f"Invalid value: {_quote(node)}: {message}"))
+    return causes
+
+
+def validate(node: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
+    """Every violation of `schema` in `node`, as the API server's field causes."""
+    if schema.get("x-kubernetes-int-or-string") and isinstance(node, int | str):
+        return []
+    expected = schema.get("type")
+    if expected is not None and not (
+        isinstance(node, _JSON_TYPES[expected])
+        and not (isinstance(node, bool) and expected in ("integer", "number"))
+    ):
+        if node is None and schema.get("nullable"):
+            return []
+        message = f"{path} in body must be of type {expected}: {_quote(type(node).__name__)}"
+        return [Cause(path, f"Invalid value: {_quote(node)}: {message}", "FieldValueTypeInvalid")]
+    causes = _check_scalar(node, schema, path)
+    if isinstance(node, dict):
+        for key in schema.get("required", []):
+            if key not in node:
+                child = f"{path}.{key}" if path else key
+                causes.append(Cause(child, "Required value", "FieldValueRequired"))
+        for key, value in node.items():
+            if path == "" and key == "metadata":
+                continue  # validated by the API server's own rules, not the CRD's
+            sub = schema.get("properties", {}).get(key) or schema.get("additionalProperties")
+            if isinstance(sub, dict):
+                causes += validate(value, sub, f"{path}.{key}" if path else key)
+    if isinstance(node, list):
+        if "maxItems" in schema and len(node) > schema["maxItems"]:
+            message = f"must have at most {schema['maxItems']} items"
+            causes.append(Cause(path, f"Too many: {len(node)}: {message}", "FieldValueTooMany"))
+        if isinstance(schema.get("items"), dict):
+            for index, item in enumerate(node):
+                causes += validate(item, schema["items"], f"{path}[{index}]")
+    if not causes:
+        for rule in schema.get("x-kubernetes-validations", []):
+            check = CEL_RULES.get(rule.get("rule", ""))
+            if check is not None and not check(node):
+                message = rule.get("message") or f"failed rule: {rule.get('rule')}"
+                causes.append(Cause(path, f"Invalid value: {_quote(node)}: {message}"))
+    return causes
