@@ -1,0 +1,83 @@
+"""The sidecar's HTTP client for its model server, over a UDS (`unix://`) or TCP (`http://`).
+
+Every failure to get a well-formed answer becomes a SidecarError: the batch's callers get
+503 at once, and the next batch simply opens a new connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+from carpool.model_server import wire
+from carpool.sidecar.errors import BadModelResponse, ModelUnreachable, Unavailable
+from carpool.sidecar.model_metadata import ModelMetadata
+
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+
+
+class ModelClient:
+    def __init__(self, url: str) -> None:
+        connector: aiohttp.BaseConnector
+        if url.startswith("unix://"):
+            connector = aiohttp.UnixConnector(path=url.removeprefix("unix://"))
+            self._base = "http://model-server"
+        else:
+            connector = aiohttp.TCPConnector()
+            self._base = url.rstrip("/")
+        self._session = aiohttp.ClientSession(connector=connector)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def ready(self) -> bool:
+        try:
+            async with self._session.get(f"{self._base}/readyz", timeout=PROBE_TIMEOUT) as reply:
+                return reply.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def metadata(self) -> ModelMetadata:
+        document = await self._get_json("/metadata")
+        return ModelMetadata.parse(document)
+
+    async def _get_json(self, path: str) -> Any:
+        try:
+            async with self._session.get(f"{self._base}{path}", timeout=PROBE_TIMEOUT) as reply:
+                body = await reply.read()
+                if reply.status != 200:
+                    raise Unavailable(f"model server answered {path} with {reply.status}")
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise Unavailable(f"model server unreachable: {error!r}") from error
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as error:
+            raise BadModelResponse(f"model server sent invalid JSON for {path}") from error
+
+    async def infer(self, items: Sequence[wire.Item], timeout_s: float) -> list[wire.ItemResult]:
+        """One batch round trip: one result per item, in order."""
+        body = wire.encode_request(items)
+        try:
+            async with self._session.post(
+                f"{self._base}/batch",
+                data=body,
+                headers={"Content-Type": wire.CONTENT_TYPE},
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as reply:
+                payload = await reply.read()
+                if reply.status != 200:
+                    detail = payload[:300].decode(errors="replace")
+                    raise Unavailable(f"model server answered {reply.status}: {detail}")
+        except TimeoutError as error:
+            raise Unavailable(f"model server did not answer within {timeout_s:.3f} s") from error
+        except aiohttp.ClientError as error:
+            raise ModelUnreachable(f"model server unreachable: {error!r}") from error
+        try:
+            return wire.decode_response(payload)
+        except wire.WireError as error:
+            raise BadModelResponse(
+                f"model server sent a malformed batch answer: {error}"
+            ) from error

@@ -1,0 +1,217 @@
+"""The sidecar's logic between the HTTP routes and the batching engine.
+
+It checks a request against the model's metadata, cuts it into items, picks the batch
+group (BatchKey) and deadline, awaits the results and stacks them back into whole tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from carpool.model_server.wire import Item, ItemResult, Tensor
+from carpool.sidecar.client import ModelClient
+from carpool.sidecar.engine import Batcher, Send
+from carpool.sidecar.errors import (
+    BadModelResponse,
+    BadRequest,
+    ModelError,
+    ModelNotFound,
+    ModelUnreachable,
+    Unavailable,
+)
+from carpool.sidecar.health import ModelState
+from carpool.sidecar.inference import InferRequest, InferResponse
+from carpool.sidecar.model_metadata import ModelMetadata, TensorSpec
+from carpool.sidecar.pending import BatchKey, PendingRequest
+from carpool.sidecar.tensors import RequestTensor, element_count, split, stack
+
+
+def forwarder(client: ModelClient, state: ModelState) -> Send:
+    """The engine's `send`: a batch that cannot connect to the model server marks it down.
+
+    A slow or failing batch does not: the model server is still there for the next one.
+    """
+
+    async def send(items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+        try:
+            return await client.infer(items, timeout_s)
+        except ModelUnreachable:
+            state.mark_down()
+            raise
+
+    return send
+
+
+# Below this length padding costs less than splitting the traffic into more, smaller batches.
+MIN_BUCKET = 64
+
+
+def length_bucket(length: int) -> int:
+    """The power of two at or above `length` (at least MIN_BUCKET): items in one bucket pad
+    to at most double, or to MIN_BUCKET."""
+    return max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+
+
+class DataPlane:
+    def __init__(self, model_name: str, batcher: Batcher, state: ModelState) -> None:
+        self.model_name = model_name
+        self.batcher = batcher
+        self.state = state
+
+    @property
+    def ready(self) -> bool:
+        return self.state.ready and not self.batcher.draining
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise ModelNotFound(f"unknown model {name!r}; this sidecar serves {self.model_name!r}")
+
+    def metadata(self) -> ModelMetadata:
+        metadata = self.state.metadata
+        if not self.state.ready or metadata is None:
+            raise Unavailable("model server is not ready")
+        return metadata
+
+    async def infer(self, request: InferRequest, header_timeout_ms: float | None) -> InferResponse:
+        metadata = self.metadata()
+        count = _check_inputs(request, metadata)
+        output_names = _output_names(request, metadata)
+        key, lengths = _batch_key(request.inputs, metadata)
+        settings = self.batcher.settings
+        timeout_ms = min(
+            value
+            for value in (settings.timeout_ms, request.timeout_ms, header_timeout_ms)
+            if value is not None
+        )
+        loop = asyncio.get_running_loop()
+        pending = PendingRequest(
+            items=_items(request.inputs, count),
+            key=key,
+            priority=request.priority,
+            deadline=loop.time() + timeout_ms / 1000,
+            future=loop.create_future(),
+            lengths=lengths,
+        )
+        results = await self.batcher.submit(pending)
+        outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
+        binary = _binary_outputs(request, output_names)
+        return InferResponse(self.model_name, request.id, outputs, binary)
+
+
+def _check_inputs(request: InferRequest, metadata: ModelMetadata) -> int:
+    """The request's item count, after checking its inputs against the model's."""
+    given = {tensor.name for tensor in request.inputs}
+    if len(given) != len(request.inputs):
+        raise BadRequest("an input name appears twice")
+    missing = [spec.name for spec in metadata.inputs if spec.name not in given]
+    if missing:
+        raise BadRequest(f"missing inputs {missing}; the model takes {_names(metadata.inputs)}")
+    count = request.inputs[0].items
+    for tensor in request.inputs:
+        spec = metadata.input(tensor.name)
+        if spec is None:
+            raise BadRequest(
+                f"unknown input {tensor.name!r}; the model takes {_names(metadata.inputs)}"
+            )
+        if tensor.datatype != spec.datatype:
+            raise BadRequest(
+                f"input {tensor.name!r}: datatype {tensor.datatype}, "
+                f"the model takes {spec.datatype}"
+            )
+        item_shape = tensor.shape[1:]
+        if len(item_shape) != len(spec.shape) or any(
+            want not in (-1, have) for want, have in zip(spec.shape, item_shape, strict=True)
+        ):
+            raise BadRequest(
+                f"input {tensor.name!r}: shape {list(tensor.shape)}, the model takes "
+                f"{[-1, *spec.shape]}"
+            )
+        if tensor.items != count:
+            raise BadRequest(
+                f"inputs disagree on the batch dimension: {request.inputs[0].name!r} has {count}, "
+                f"{tensor.name!r} has {tensor.items}"
+            )
+    return count
+
+
+def _output_names(request: InferRequest, metadata: ModelMetadata) -> list[str]:
+    if request.outputs is None:
+        return [spec.name for spec in metadata.outputs]
+    for output in request.outputs:
+        if metadata.output(output.name) is None:
+            raise BadRequest(
+                f"unknown output {output.name!r}; the model gives {_names(metadata.outputs)}"
+            )
+    return [output.name for output in request.outputs]
+
+
+def _binary_outputs(request: InferRequest, output_names: list[str]) -> frozenset[str]:
+    if request.outputs is None:
+        return frozenset(output_names) if request.binary_output else frozenset()
+    return frozenset(
+        output.name for output in request.outputs if output.binary or request.binary_output
+    )
+
+
+def _names(specs: Sequence[TensorSpec]) -> list[str]:
+    return [spec.name for spec in specs]
+
+
+def _batch_key(
+    inputs: Sequence[RequestTensor], metadata: ModelMetadata
+) -> tuple[BatchKey, list[int] | None]:
+    """The group of the request's items, and their lengths when they vary in length.
+
+    An item's length is the largest, over its variable inputs, of the element count of the
+    variable dimensions (numeric) or of the longest element in bytes (BYTES: a cheap proxy
+    for the token count).
+    """
+    by_name = {tensor.name: tensor for tensor in inputs}
+    signature = []
+    lengths: npt.NDArray[np.int64] | None = None
+    for spec in metadata.inputs:
+        tensor = by_name[spec.name]
+        item_shape = tensor.shape[1:]
+        signature.append((spec.name, spec.datatype, spec.shape if spec.variable else item_shape))
+        if isinstance(tensor.data, list):
+            per_item = element_count(item_shape)
+            sizes = np.fromiter(map(len, tensor.data), dtype=np.int64, count=len(tensor.data))
+            if not per_item:
+                continue
+            item_lengths = sizes.reshape(tensor.items, per_item).max(axis=1)
+        elif spec.variable:
+            varying = [
+                have for want, have in zip(spec.shape, item_shape, strict=True) if want == -1
+            ]
+            item_lengths = np.full(tensor.items, element_count(varying), dtype=np.int64)
+        else:
+            continue
+        lengths = item_lengths if lengths is None else np.maximum(lengths, item_lengths)
+    if lengths is None:
+        return BatchKey(tuple(signature)), None
+    bucket = length_bucket(int(lengths.max()))
+    return BatchKey(tuple(signature), bucket), lengths.tolist()
+
+
+def _items(inputs: Sequence[RequestTensor], count: int) -> list[Item]:
+    columns = [(tensor.name, split(tensor)) for tensor in inputs]
+    if len(columns) == 1:
+        name, parts = columns[0]
+        return [{name: part} for part in parts]
+    return [{name: parts[index] for name, parts in columns} for index in range(count)]
+
+
+def _output_of_items(name: str, results: Sequence[ItemResult]) -> list[Tensor]:
+    tensors = []
+    for result in results:
+        if result.error is not None:
+            raise ModelError(result.error, result.status)
+        tensor = (result.outputs or {}).get(name)
+        if tensor is None:
+            raise BadModelResponse(f"model server result lacks output {name!r}")
+        tensors.append(tensor)
+    return tensors

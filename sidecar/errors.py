@@ -1,0 +1,71 @@
+"""Domain errors of the sidecar, each with the HTTP status its caller sees.
+
+The data plane and the batching engine raise these; `carpool.sidecar.app` is the one place
+that turns them into `{"error": ...}` responses.
+"""
+
+from __future__ import annotations
+
+
+class SidecarError(Exception):
+    """An error a caller should see, with its HTTP status."""
+
+    status = 500
+    # The `carpool_rejected_total` reason this error counts as, if it is a rejection.
+    rejected_reason: str | None = None
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(SidecarError):
+    status = 400
+    rejected_reason = "bad_request"
+
+
+class ModelNotFound(SidecarError):
+    status = 404
+
+
+class PayloadTooLarge(SidecarError):
+    status = 413
+    rejected_reason = "too_large"
+
+
+class QueueFull(SidecarError):
+    status = 429
+    rejected_reason = "queue_full"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ModelError(SidecarError):
+    """An error the model server reported for one item, with the status it chose."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BadModelResponse(SidecarError):
+    """The model server answered, but not with what the wire format promises."""
+
+    status = 502
+
+
+class Unavailable(SidecarError):
+    """The model server cannot be reached, is not ready, or the sidecar is draining."""
+
+    status = 503
+
+
+class ModelUnreachable(Unavailable):
+    """No connection to the model server: it is down or restarting."""
+
+
+class DeadlineExceeded(SidecarError):
+    status = 504
+    rejected_reason = "deadline"

@@ -1,0 +1,121 @@
+"""`carpool sidecar`: parse the settings, serve, drain on SIGTERM, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from carpool.sidecar.app import DATAPLANE, create_app
+from carpool.sidecar.config import (
+    DISPATCH_MODES,
+    BatchingSettings,
+    ConfigError,
+    Dispatch,
+    SidecarConfig,
+)
+
+log = logging.getLogger("carpool.sidecar")
+# After the drain every accepted request has its answer; this only bounds writing them out.
+SHUTDOWN_TIMEOUT_S = 5.0
+DEFAULTS = BatchingSettings()
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[F], F]:
+    envvar = "CARPOOL_" + flag.upper().replace("-", "_")
+    return click.option(
+        f"--{flag}", type=kind, default=default, envvar=envvar, show_default=True,
+        help=f"{help_text} [{envvar}]",
+    )  # fmt: skip
+
+
+@click.command("sidecar")
+@_option("model-name", str, None, "model name served in URLs (required)")
+@_option("model-server", str, "unix:///run/carpool/model.sock", "unix://PATH or http://HOST:PORT")
+@_option("host", str, "127.0.0.1", "listen address (0.0.0.0 in pods)")
+@_option("port", int, 8080, "listen port")
+@_option("config-file", click.Path(dir_okay=False), None, "batching settings JSON, live reload")
+@_option("max-batch-size", int, DEFAULTS.max_batch_size, "items per batch, at most")
+@_option("max-wait-ms", float, DEFAULTS.max_wait_ms, "longest a batch waits from its first item")
+@_option("max-inflight-batches", int, DEFAULTS.max_inflight_batches, "batches at the model at once")
+@_option("max-queue-items", int, DEFAULTS.max_queue_items, "queued items before 429")
+@_option("timeout-ms", float, DEFAULTS.timeout_ms, "default and longest per-request deadline")
+@_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "adaptive: no wait when idle")
+@_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
+@_option("max-body-bytes", int, 64 * 1024 * 1024, "largest request body (413 above)")
+@_option("drain-seconds", float, 30.0, "grace to finish queued work on SIGTERM")
+def command(
+    model_name: str | None,
+    model_server: str,
+    host: str,
+    port: int,
+    config_file: str | None,
+    max_batch_size: int,
+    max_wait_ms: float,
+    max_inflight_batches: int,
+    max_queue_items: int,
+    timeout_ms: float,
+    dispatch: Dispatch,
+    max_batch_tokens: int,
+    max_body_bytes: int,
+    drain_seconds: float,
+) -> None:
+    """Batch inference requests for a co-located model server."""
+    try:
+        if not model_name:
+            raise ConfigError("model-name: required (--model-name or CARPOOL_MODEL_NAME)")
+        batching = BatchingSettings(
+            max_batch_size=max_batch_size,
+            max_wait_ms=max_wait_ms,
+            max_inflight_batches=max_inflight_batches,
+            max_queue_items=max_queue_items,
+            timeout_ms=timeout_ms,
+            dispatch=dispatch,
+            max_batch_tokens=max_batch_tokens,
+        )
+        config = SidecarConfig(
+            model_name=model_name,
+            model_server=model_server,
+            host=host,
+            port=port,
+            config_file=config_file,
+            max_body_bytes=max_body_bytes,
+            drain_seconds=drain_seconds,
+            batching=batching,
+        )
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.exit(asyncio.run(serve(config)))
+
+
+async def serve(config: SidecarConfig) -> int:
+    """Serve until SIGTERM/SIGINT, then drain: nothing accepted is lost within the grace."""
+    app = await create_app(config, CollectorRegistry())
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info("sidecar for %r listening on %s", config.model_name, site.name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    batcher = app[DATAPLANE].batcher
+    log.info("draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds)
+    if not await batcher.drain(config.drain_seconds):
+        log.warning("drain grace over with %d items queued", batcher.queued_items)
+    await runner.cleanup()
+    log.info("sidecar stopped")
+    return 0

@@ -1,0 +1,88 @@
+"""The sidecar's Prometheus metrics (docs/architecture.md, "Metrics"), in a registry passed in."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))  # 1, 2, 4 ... 1024
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# padded elements / real elements - 1: 0 means no padding, 1 means as much padding as data.
+PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+class SidecarMetrics:
+    """One instance per app; every metric carries the label `model`."""
+
+    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, ["model"], registry=registry, buckets=buckets)
+
+        self.requests = Counter(
+            "carpool_requests_total",
+            "Inference requests answered, by HTTP status code.",
+            ["model", "code"],
+            registry=registry,
+        )
+        self.request_duration = histogram(
+            "carpool_request_duration_seconds",
+            "Time from receiving an inference request to answering it.",
+            LATENCY_BUCKETS,
+        ).labels(model)
+        self.queue_wait = histogram(
+            "carpool_queue_wait_seconds",
+            "Time a request waited in the queue before its first items were sent.",
+            LATENCY_BUCKETS,
+        ).labels(model)
+        self.batch_size = histogram(
+            "carpool_batch_size", "Items per batch sent to the model server.", BATCH_SIZE_BUCKETS
+        ).labels(model)
+        self.batches = Counter(
+            "carpool_batches_total",
+            "Batches sent to the model server, by why they were sent.",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.queue_items = Gauge(
+            "carpool_queue_items", "Items waiting for a batch.", ["model"], registry=registry
+        ).labels(model)
+        self.inflight_batches = Gauge(
+            "carpool_inflight_batches",
+            "Batches sent to the model server and not yet answered.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
+        self.rejected = Counter(
+            "carpool_rejected_total",
+            "Requests refused or dropped before reaching the model, by reason.",
+            ["model", "reason"],
+            registry=registry,
+        )
+        self.padding_ratio = histogram(
+            "carpool_batch_padding_ratio",
+            "Padding of variable-length batches: padded elements / real elements - 1.",
+            PADDING_BUCKETS,
+        ).labels(model)
+        self.model_duration = histogram(
+            "carpool_model_duration_seconds",
+            "Round trip of one batch to the model server.",
+            LATENCY_BUCKETS,
+        ).labels(model)
+        self._model = model
+        # Create every labelled child up front so dashboards see zeros, not gaps.
+        for reason in ("full", "timeout", "idle", "drain"):
+            self.batches.labels(model, reason)
+        for reason in ("queue_full", "deadline", "too_large", "bad_request"):
+            self.rejected.labels(model, reason)
+
+    def batch_sent(self, reason: str, size: int) -> None:
+        self.batches.labels(self._model, reason).inc()
+        self.batch_size.observe(size)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(self._model, reason).inc()
+
+    def answered(self, code: int, seconds: float) -> None:
+        self.requests.labels(self._model, str(code)).inc()
+        self.request_duration.observe(seconds)

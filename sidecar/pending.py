@@ -1,0 +1,48 @@
+"""One caller's request while it waits in the batching engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from carpool.model_server.wire import Item, ItemResult
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKey:
+    """Items share a batch only when their keys are equal.
+
+    `signature` holds the input names, datatypes and per-item shapes (variable dimensions
+    replaced by the bucket); `bucket` is the power-of-two length bucket of variable-length
+    items, None for fixed-shape ones.
+    """
+
+    signature: Hashable
+    bucket: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """The items of one caller, its single future, and how far its items have been sent.
+
+    A request larger than the batch size is sent in several batches: `sent` counts the
+    items already taken, `results` collects their answers in order.
+    """
+
+    items: Sequence[Item]
+    key: BatchKey
+    priority: int
+    deadline: float  # loop.time() after which the caller gets 504
+    future: asyncio.Future[list[ItemResult]]
+    # Per-item lengths of variable-length items (padding is measured on them).
+    lengths: Sequence[int] | None = None
+    enqueued_at: float = 0.0
+    seq: int = 0
+    sent: int = 0
+    answered: int = 0
+    results: list[ItemResult | None] = field(default_factory=list)
+
+    @property
+    def unsent(self) -> int:
+        return len(self.items) - self.sent

@@ -1,0 +1,194 @@
+"""Request and response bodies: OIP v2 JSON and binary, BYTES, BF16, and the config file."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carpool.sidecar.config import BatchingSettings, ConfigError, apply_file
+from carpool.sidecar.errors import BadRequest
+from carpool.sidecar.inference import InferResponse
+from carpool.sidecar.oip import HEADER_LENGTH, encode_response, parse_request
+from carpool.sidecar.tensors import (
+    RequestTensor,
+    bf16_to_float32,
+    float32_to_bf16,
+    length_prefixed,
+    split,
+    stack,
+)
+
+
+def binary_request(header: dict[str, object], *buffers: bytes) -> tuple[bytes, int]:
+    head = orjson.dumps(header)
+    return head + b"".join(buffers), len(head)
+
+
+def test_json_nested_and_flat_data_agree() -> None:
+    flat = {"inputs": [{"name": "x", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]}]}
+    nested = {
+        "inputs": [{"name": "x", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]
+    }
+    for document in (flat, nested):
+        tensor = parse_request(orjson.dumps(document), None).inputs[0]
+        assert isinstance(tensor.data, np.ndarray)
+        assert tensor.data.tolist() == [1, 2, 3, 4] and tensor.data.dtype == np.int32
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "message"),
+    [
+        ("INT32", [1.5, 2, 3, 4], "does not fit INT32"),
+        ("INT8", [1, 2, 3, 300], "out of range"),
+        ("FP32", ["a", "b", "c", "d"], "does not fit FP32"),
+        ("FP32", [1, 2, 3], "needs 4 elements, got 3"),
+        ("BYTES", [1, 2, 3, 4], "must be strings"),
+        ("BYTES", [["a", "b"], ["c"]], "must be strings"),
+        ("FP32", [[1, 2], [3]], "not a regular array"),
+        ("FP99", [1, 2, 3, 4], "unknown datatype"),
+    ],
+)
+def test_json_data_that_does_not_fit_is_refused(
+    datatype: str, data: list[object], message: str
+) -> None:
+    document = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1, 4], "data": data}]}
+    with pytest.raises(BadRequest, match=message):
+        parse_request(orjson.dumps(document), None)
+
+
+def test_binary_inputs_are_read_in_order_without_copies() -> None:
+    floats = np.arange(6, dtype="<f4")
+    texts = [b"hello", b"", b"carpool"]
+    sizes = [{"binary_data_size": 24}, {"binary_data_size": len(length_prefixed(texts))}]
+    header = {
+        "inputs": [
+            {"name": "a", "datatype": "FP32", "shape": [3, 2], "parameters": sizes[0]},
+            {"name": "t", "datatype": "BYTES", "shape": [3, 1], "parameters": sizes[1]},
+        ],
+        "parameters": {"binary_data_output": True, "priority": 3, "timeout": 250},
+    }
+    body, length = binary_request(header, floats.tobytes(), length_prefixed(texts))
+    request = parse_request(body, length)
+    a, t = request.inputs
+    assert isinstance(a.data, np.ndarray) and a.data.tolist() == floats.tolist()
+    assert t.data == texts
+    assert request.binary_output and request.priority == 3 and request.timeout_ms == 250
+
+
+@pytest.mark.parametrize("extra", [b"", b"xx"])
+def test_binary_sizes_must_add_up(extra: bytes) -> None:
+    header = {
+        "inputs": [
+            {
+                "name": "a",
+                "datatype": "FP32",
+                "shape": [1, 2],
+                "parameters": {"binary_data_size": 8},
+            }
+        ]
+    }
+    body, length = binary_request(header, bytes(8 if extra else 4), extra)
+    with pytest.raises(BadRequest):
+        parse_request(body, length)
+
+
+def test_truncated_bytes_element_is_refused() -> None:
+    raw = struct.pack("<I", 10) + b"short"
+    header = {
+        "inputs": [
+            {
+                "name": "t",
+                "datatype": "BYTES",
+                "shape": [1],
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ]
+    }
+    body, length = binary_request(header, raw)
+    with pytest.raises(BadRequest, match="runs past"):
+        parse_request(body, length)
+
+
+def test_bf16_rounds_to_nearest_and_back() -> None:
+    values = np.array([1.0, -2.5, 3.14159, 1e-3], dtype=np.float32)
+    back = bf16_to_float32(float32_to_bf16(values))
+    assert np.allclose(back, values, rtol=1 / 128)
+    assert float32_to_bf16(np.array([1.0], dtype=np.float32)).tolist() == [0x3F80]
+
+
+def test_split_then_stack_round_trips() -> None:
+    tensor = RequestTensor("x", "FP32", (3, 2), np.arange(6, dtype="<f4"))
+    parts = split(tensor)
+    assert [part.to_numpy().tolist() for part in parts] == [[0, 1], [2, 3], [4, 5]]
+    again = stack("x", parts)
+    assert again.shape == (3, 2) and isinstance(again.data, np.ndarray)
+    assert again.data.tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_binary_response_has_header_length_and_raw_data() -> None:
+    out = RequestTensor("y", "FP16", (2,), np.array([1.5, 2.0], dtype="<f2"))
+    text = RequestTensor("s", "BYTES", (1,), [b"ok"])
+    body, headers = encode_response(InferResponse("m", "r1", [out, text], frozenset(["y"])))
+    length = int(headers[HEADER_LENGTH])
+    header = orjson.loads(body[:length])
+    assert header["id"] == "r1" and header["model_name"] == "m"
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == 4
+    assert header["outputs"][1]["data"] == ["ok"]
+    assert np.frombuffer(body[length:], "<f2").tolist() == [1.5, 2.0]
+
+
+def test_settings_file_overrides_and_names_bad_keys() -> None:
+    base = BatchingSettings(max_batch_size=8)
+    assert apply_file(base, b'{"maxBatchSize": 16, "dispatch": "fixed"}') == BatchingSettings(
+        max_batch_size=16, dispatch="fixed"
+    )
+    for content, message in [
+        (b'{"maxBatchSize": 0}', "maxBatchSize.*0"),
+        (b'{"maxBatchSize": 2.5}', "maxBatchSize.*2.5"),
+        (b'{"dispatch": "eager"}', "dispatch.*eager"),
+        (b'{"maxWait": 5}', "maxWait: unknown key"),
+        (b"[1]", "JSON object"),
+        (b"{", "not JSON"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            apply_file(base, content)
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+INPUTS = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["x", "y"]) | JSON_VALUES,
+        "datatype": st.sampled_from(["FP32", "INT8", "BYTES", "BF16", "BOOL", "FP16"])
+        | JSON_VALUES,
+        "shape": st.lists(st.integers(-1, 4), max_size=3) | JSON_VALUES,
+    },
+    optional={"data": JSON_VALUES, "parameters": JSON_VALUES},
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    document=st.fixed_dictionaries(
+        {"inputs": st.lists(INPUTS, max_size=3) | JSON_VALUES},
+        optional={"outputs": JSON_VALUES, "parameters": JSON_VALUES, "id": JSON_VALUES},
+    )
+)
+def test_any_json_body_is_parsed_or_refused_with_400(document: dict[str, object]) -> None:
+    with contextlib.suppress(BadRequest):
+        parse_request(orjson.dumps(document), None)

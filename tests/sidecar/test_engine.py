@@ -1,0 +1,293 @@
+"""The batching engine in-process, with a recording stand-in for the model server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from carpool.model_server.wire import Item, ItemResult, Tensor
+from carpool.sidecar.config import BatchingSettings
+from carpool.sidecar.engine import Batcher
+from carpool.sidecar.errors import (
+    BadModelResponse,
+    DeadlineExceeded,
+    PayloadTooLarge,
+    QueueFull,
+    Unavailable,
+)
+from carpool.sidecar.metrics import SidecarMetrics
+from carpool.sidecar.pending import BatchKey, PendingRequest
+
+KEY = BatchKey(("x",))
+
+
+class Model:
+    """Echoes each item's value; records batches; `gate` holds batches while cleared."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[float]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.started = asyncio.Event()
+        self.drop_one = False
+        self.fail: Exception | None = None
+
+    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+        self.batches.append([value(item) for item in items])
+        self.started.set()
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        results = [ItemResult(outputs=dict(item)) for item in items]
+        return results[:-1] if self.drop_one else results
+
+
+def value(item: Item) -> float:
+    return float(item["x"].to_numpy()[0])
+
+
+def items(*values: float) -> list[Item]:
+    return [{"x": Tensor.from_numpy(np.array([v], dtype=np.float32))} for v in values]
+
+
+class Harness:
+    def __init__(self, **settings: Any) -> None:
+        self.registry = CollectorRegistry()
+        self.metrics = SidecarMetrics(self.registry, "m")
+        self.model = Model()
+        self.batcher = Batcher(BatchingSettings(**settings), self.model.send, self.metrics)
+
+    def request(
+        self,
+        *values: float,
+        priority: int = 0,
+        timeout_s: float = 5.0,
+        key: BatchKey = KEY,
+        lengths: list[int] | None = None,
+    ) -> asyncio.Task[list[ItemResult]]:
+        loop = asyncio.get_running_loop()
+        pending = PendingRequest(
+            items=items(*values),
+            key=key,
+            priority=priority,
+            deadline=loop.time() + timeout_s,
+            future=loop.create_future(),
+            lengths=lengths,
+        )
+        return asyncio.create_task(self.batcher.submit(pending))
+
+    def batches(self, reason: str) -> float:
+        value = self.registry.get_sample_value(
+            "carpool_batches_total", {"model": "m", "reason": reason}
+        )
+        return value or 0.0
+
+    async def __aenter__(self) -> Harness:
+        self.runner = asyncio.create_task(self.batcher.run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.model.gate.set()
+        self.runner.cancel()
+        await asyncio.gather(self.runner, return_exceptions=True)
+
+
+def answers(results: list[ItemResult]) -> list[float]:
+    return [value(result.outputs or {}) for result in results]
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_lone_request_is_sent_at_once_when_idle() -> None:
+    async with Harness(max_wait_ms=10_000) as h:
+        result = await asyncio.wait_for(h.request(1.0), 2)
+        assert answers(result) == [1.0]
+        assert h.batches("idle") == 1 and h.batches("timeout") == 0
+
+
+async def test_fixed_dispatch_waits_for_the_window() -> None:
+    async with Harness(max_wait_ms=50, dispatch="fixed", max_batch_size=8) as h:
+        first, second = h.request(1.0), h.request(2.0)
+        await asyncio.gather(first, second)
+        assert h.model.batches == [[1.0, 2.0]]
+        assert h.batches("timeout") == 1
+
+
+async def test_batch_forms_while_one_runs_and_size_is_never_exceeded() -> None:
+    async with Harness(max_batch_size=3, max_wait_ms=10_000, max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        tasks = [h.request(float(v)) for v in range(1, 8)]
+        await settle()
+        h.model.gate.set()
+        results = await asyncio.gather(blocker, *tasks)
+        assert [answers(r) for r in results] == [[float(v)] for v in range(8)]
+        assert all(len(batch) <= 3 for batch in h.model.batches)
+        assert h.model.batches[1] == [1.0, 2.0, 3.0]
+        assert h.batches("full") >= 2
+
+
+async def test_large_request_is_split_and_stitched_in_order() -> None:
+    async with Harness(max_batch_size=4) as h:
+        values = [float(v) for v in range(10)]
+        result = await h.request(*values)
+        assert answers(result) == values
+        assert [len(batch) for batch in h.model.batches] == [4, 4, 2]
+
+
+async def test_priority_then_fifo() -> None:
+    async with Harness(max_batch_size=1, max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        tasks = [
+            h.request(1.0),
+            h.request(2.0),
+            h.request(3.0, priority=5),
+            h.request(4.0, priority=5),
+        ]
+        await settle()
+        h.model.gate.set()
+        await asyncio.gather(blocker, *tasks)
+        assert h.model.batches == [[0.0], [3.0], [4.0], [1.0], [2.0]]
+
+
+async def test_queue_full_is_refused_with_retry_after() -> None:
+    async with Harness(max_queue_items=2, max_inflight_batches=1, max_batch_size=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        queued = h.request(1.0, 2.0)
+        await settle()
+        with pytest.raises(QueueFull) as refused:
+            await h.request(3.0)
+        assert int(refused.value.headers["Retry-After"]) >= 1
+        with pytest.raises(PayloadTooLarge):
+            await h.request(1.0, 2.0, 3.0)
+        h.model.gate.set()
+        await asyncio.gather(blocker, queued)
+
+
+async def test_expired_request_is_answered_504_and_never_sent() -> None:
+    async with Harness(max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        with pytest.raises(DeadlineExceeded):
+            await h.request(1.0, timeout_s=0.05)
+        assert h.batcher.queued_items == 0
+        h.model.gate.set()
+        await blocker
+        await settle()
+        assert h.model.batches == [[0.0]]
+
+
+async def test_cancelled_request_is_dropped_before_the_model() -> None:
+    async with Harness(max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        gone = h.request(1.0)
+        kept = h.request(2.0)
+        await settle()
+        gone.cancel()
+        await settle()
+        h.model.gate.set()
+        await asyncio.gather(blocker, kept)
+        assert h.model.batches == [[0.0], [2.0]]
+        assert h.batcher.queued_items == 0
+
+
+async def test_failure_reaches_every_waiter() -> None:
+    async with Harness(max_wait_ms=50, dispatch="fixed") as h:
+        h.model.fail = Unavailable("model server unreachable")
+        tasks = [h.request(1.0), h.request(2.0, 3.0)]
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            assert isinstance(outcome, Unavailable)
+
+
+async def test_wrong_result_count_names_both_numbers() -> None:
+    async with Harness() as h:
+        h.model.drop_one = True
+        with pytest.raises(BadModelResponse, match="1 results for 2 items"):
+            await h.request(1.0, 2.0)
+
+
+async def test_token_budget_and_padding_ratio() -> None:
+    async with Harness(max_batch_size=64, max_batch_tokens=32, max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        bucket = BatchKey(("text",), bucket=8)
+        tasks = [h.request(float(v), key=bucket, lengths=[8 if v % 2 else 4]) for v in range(1, 9)]
+        await settle()
+        h.model.gate.set()
+        await asyncio.gather(blocker, *tasks)
+        # 32 tokens / bucket 8 = 4 items per batch.
+        assert [len(batch) for batch in h.model.batches] == [1, 4, 4]
+        # Each batch: lengths 8,4,8,4 pad to 8: 32 / 24 - 1.
+        count = h.registry.get_sample_value("carpool_batch_padding_ratio_count", {"model": "m"})
+        total = h.registry.get_sample_value("carpool_batch_padding_ratio_sum", {"model": "m"})
+        assert count == 2 and total == pytest.approx(2 * (32 / 24 - 1))
+
+
+async def test_incompatible_items_never_share_a_batch() -> None:
+    async with Harness(max_wait_ms=50, dispatch="fixed") as h:
+        await asyncio.gather(h.request(1.0), h.request(2.0, key=BatchKey(("y",))), h.request(3.0))
+        assert sorted(h.model.batches) == [[1.0, 3.0], [2.0]]
+
+
+async def test_new_settings_apply_to_the_next_batch() -> None:
+    async with Harness(max_batch_size=2) as h:
+        await h.request(*[float(v) for v in range(4)])
+        h.batcher.update(BatchingSettings(max_batch_size=4))
+        await h.request(*[float(v) for v in range(4)])
+        assert [len(batch) for batch in h.model.batches] == [2, 2, 4]
+
+
+async def test_drain_sends_everything_then_refuses() -> None:
+    async with Harness(max_wait_ms=10_000, dispatch="fixed", max_batch_size=8) as h:
+        tasks = [h.request(float(v)) for v in range(5)]
+        await settle()
+        assert await h.batcher.drain(2.0)
+        assert [answers(r) for r in await asyncio.gather(*tasks)] == [[float(v)] for v in range(5)]
+        assert h.batches("drain") == 1
+        with pytest.raises(Unavailable):
+            await h.request(9.0)
+
+
+async def test_next_batch_waits_for_the_window_while_one_runs() -> None:
+    async with Harness(max_wait_ms=50, max_batch_size=8, max_inflight_batches=2) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        second = h.request(1.0)
+        await settle()
+        assert len(h.model.batches) == 1  # held: a batch is running and this one is not full
+        await asyncio.sleep(0.2)
+        assert h.model.batches == [[0.0], [1.0]]  # sent when its window closed
+        h.model.gate.set()
+        await asyncio.gather(blocker, second)
+        assert h.batches("idle") == 1 and h.batches("timeout") == 1
+
+
+async def test_inflight_batches_are_capped() -> None:
+    async with Harness(max_batch_size=1, max_inflight_batches=2) as h:
+        h.model.gate.clear()
+        tasks = [h.request(float(v)) for v in range(4)]
+        await asyncio.sleep(0.05)
+        assert len(h.model.batches) == 2
+        inflight = h.registry.get_sample_value("carpool_inflight_batches", {"model": "m"})
+        assert inflight == 2
+        h.model.gate.set()
+        await asyncio.gather(*tasks)
+        assert len(h.model.batches) == 4

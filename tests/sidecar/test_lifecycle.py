@@ -1,0 +1,91 @@
+"""The sidecar around its model server's failures, its own shutdown, and live settings."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+from support.model_server import SUPPORT_DIR, run_model_server
+from support.sidecar import get, infer, metric, run_pair, run_sidecar, wait_for
+
+SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "2"}
+
+
+async def test_model_server_killed_mid_batch_then_back(tmp_path: Path) -> None:
+    slow = ("model_handlers:SlowInferHandler", "--model-name", "toy")
+    with (
+        run_model_server(tmp_path, *slow, env=SLOW) as server,
+        run_sidecar(tmp_path, f"unix://{server.socket}") as sidecar,
+    ):
+        async with aiohttp.ClientSession() as http:
+            caught = asyncio.create_task(infer(http, sidecar, [[1, 2, 3, 4]]))
+            await asyncio.to_thread(
+                wait_for, lambda: metric(sidecar, "carpool_inflight_batches") == 1
+            )
+            started = time.monotonic()
+            server.process.kill()
+            status, body = await caught
+            assert status == 503, body
+            assert time.monotonic() - started < 1.5  # the 30 s timeout is not waited out
+            await asyncio.to_thread(wait_for, lambda: get(sidecar, "/v2/health/ready")[0] == 503)
+            status, body = await infer(http, sidecar, [[1, 2, 3, 4]])
+            assert status == 503, body
+            with run_model_server(tmp_path, "toy", "--model-name", "toy"):
+                await asyncio.to_thread(
+                    wait_for, lambda: get(sidecar, "/v2/health/ready")[0] == 200, 30.0
+                )
+                status, body = await infer(http, sidecar, [[1, 2, 3, 4]])
+                assert status == 200, body
+                assert body["outputs"][0]["data"] == [3, 5, 7, 9]
+
+
+async def test_sigterm_drains_everything_accepted(tmp_path: Path) -> None:
+    slow = {**SLOW, "CARPOOL_TEST_INFER_S": "0.3"}
+    args = ("--max-batch-size", "2", "--max-inflight-batches", "1", "--drain-seconds", "20")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=slow) as pair:
+        sidecar = pair.sidecar
+        async with aiohttp.ClientSession() as http:
+            calls = [asyncio.create_task(infer(http, sidecar, [[i, i, i, i]])) for i in range(10)]
+            await asyncio.to_thread(wait_for, lambda: metric(sidecar, "carpool_queue_items") >= 6)
+            sidecar.process.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(wait_for, lambda: get(sidecar, "/v2/health/ready")[0] == 503)
+            status, _ = await infer(http, sidecar, [[1, 1, 1, 1]])
+            assert status == 503  # accepted no more
+            results = await asyncio.gather(*calls)
+        for i, (status, body) in enumerate(results):
+            assert status == 200, body
+            assert body["outputs"][0]["data"] == [2 * i + 1] * 4
+        assert sidecar.process.wait(15) == 0, sidecar.log()
+        assert "drain" in sidecar.log()
+
+
+async def test_settings_file_changes_the_batch_size_live(tmp_path: Path) -> None:
+    settings = tmp_path / "batching.json"
+    settings.write_bytes(orjson.dumps({"maxBatchSize": 2}))
+    with run_pair(tmp_path, "toy", "--config-file", str(settings)) as pair:
+        sidecar = pair.sidecar
+        rows = [[float(i)] * 4 for i in range(8)]
+
+        async def batches_for_eight() -> float:
+            before = metric(sidecar, "carpool_batch_size_count")
+            status, body = await infer(http, sidecar, rows)
+            assert status == 200, body
+            return metric(sidecar, "carpool_batch_size_count") - before
+
+        async with aiohttp.ClientSession() as http:
+            assert await batches_for_eight() == 4
+            settings.write_bytes(orjson.dumps({"maxBatchSize": 8, "maxWaitMs": 5}))
+            deadline = time.monotonic() + 10
+            while await batches_for_eight() != 1:
+                assert time.monotonic() < deadline, "new maxBatchSize not applied"
+                await asyncio.sleep(0.2)
+            # A bad file is ignored: the last good settings stay, the sidecar lives on.
+            settings.write_bytes(b'{"maxBatchSize": -1}')
+            await asyncio.sleep(1.5)
+            assert await batches_for_eight() == 1
+        assert "maxBatchSize" in sidecar.log()
+        assert sidecar.process.poll() is None

@@ -1,0 +1,53 @@
+"""`carpool serve`: both processes locally, a short demo load, a report, exit 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import orjson
+import pytest
+from support.model_server import free_port
+from support.sidecar import v2_body
+
+
+def test_serve_demo_load_reports_batching() -> None:
+    command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
+    command += ["--port", str(free_port()), "--demo-load", "--demo-seconds", "1.5"]
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(0 failed)" in done.stdout
+    mean = re.search(r"mean batch size: ([\d.]+)", done.stdout)
+    assert mean is not None, done.stdout
+    # 32 clients against one model: requests share batches.
+    assert float(mean.group(1)) > 1, done.stdout
+
+
+def test_serve_stops_both_children_on_sigterm() -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
+    command += ["--port", str(port), "--max-batch-size", "4"]
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "ready at" in line:
+                break
+        url = f"http://127.0.0.1:{port}/v2/models/toy/infer"
+        body = orjson.dumps(v2_body([[1, 1, 1, 1]]))
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as reply:
+            assert reply.status == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
