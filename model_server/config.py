@@ -14,6 +14,7 @@ Dtype = Literal["fp32", "fp16", "bf16"]
 DTYPES: tuple[Dtype, ...] = ("fp32", "fp16", "bf16")
 ENV_PREFIX = "CARPOOL_MODEL_"
 DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_DRAIN_SECONDS = 30
 _DEVICE = re.compile(r"auto|cpu|cuda:\d+")
 
 
@@ -32,6 +33,7 @@ class Config:
     max_batch_size: int
     torch_threads: int | None
     warmup_sizes: tuple[int, ...]
+    drain_seconds: int
 
 
 def key_name(option: str) -> str:
@@ -91,7 +93,12 @@ def parse(raw: Mapping[str, str | None]) -> Config:
         max_batch_size=max_batch_size,
         torch_threads=integer("torch_threads", 1),
         warmup_sizes=_warmup_sizes(text("warmup_sizes"), max_batch_size),
+        drain_seconds=_or_default(integer("drain_seconds", 0), DEFAULT_DRAIN_SECONDS),
     )
+
+
+def _or_default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def _warmup_sizes(value: str | None, max_batch_size: int) -> tuple[int, ...]:

@@ -8,8 +8,10 @@ import logging
 import signal
 import stat
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from aiohttp import web
@@ -18,9 +20,15 @@ from carpool.model_server import config as config_module
 from carpool.model_server.config import Config
 from carpool.model_server.errors import ConfigError
 
+if TYPE_CHECKING:
+    from carpool.model_server.service import ModelService
+
 log = logging.getLogger("carpool.model_server")
 # How long SIGTERM waits for batches in flight before closing their connections.
 SHUTDOWN_TIMEOUT_S = 30.0
+# After SIGTERM the server keeps answering until no batch has come for this long: in a pod the
+# sidecar gets the same SIGTERM and drains its queue through us, so we must outlive it.
+DRAIN_IDLE_S = 1.0
 
 OPTIONS: tuple[tuple[str, str], ...] = (
     ("handler", "toy | torchscript | text-embedding | module:Class"),
@@ -39,6 +47,11 @@ OPTIONS: tuple[tuple[str, str], ...] = (
     ),
     ("torch_threads", "torch intra-op threads; dominates CPU throughput"),
     ("warmup_sizes", "comma-separated batch sizes run before ready, or none (default 1,2,4..max)"),
+    (
+        "drain_seconds",
+        "after SIGTERM, keep serving while batches still arrive, at most this long "
+        f"(default {config_module.DEFAULT_DRAIN_SECONDS})",
+    ),
 )
 
 
@@ -98,6 +111,8 @@ async def serve(config: Config) -> int:
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
         await stopping
+    if code == 0:
+        await _drain(service, config.drain_seconds)
     log.info("shutting down")
     stopping.cancel()
     for runner in runners:
@@ -107,6 +122,17 @@ async def serve(config: Config) -> int:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await loading
     return code
+
+
+async def _drain(service: ModelService, limit_s: float) -> None:
+    """Serve until no batch has come for DRAIN_IDLE_S, or until `limit_s` has passed."""
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        idle = service.idle_for()
+        if idle >= DRAIN_IDLE_S:
+            return
+        # Sleep until the idle window could close; a batch arriving meanwhile restarts it.
+        await asyncio.sleep(min(DRAIN_IDLE_S - idle, left))
 
 
 async def _listen(app: web.Application, address: Path | tuple[str, int]) -> web.AppRunner:

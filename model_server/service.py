@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -16,6 +17,8 @@ class ModelService:
         self.name = name
         self.runner = runner
         self.ready = False
+        self._batches_in_flight = 0
+        self._last_batch_at = time.monotonic()
 
     async def start(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
         """Load and warm up; the service answers batches only afterwards."""
@@ -25,7 +28,18 @@ class ModelService:
     async def infer(self, items: Sequence[Item]) -> list[ItemResult]:
         if not self.ready:
             raise NotReady("model is not ready: still loading or warming up")
-        return await self.runner.run(items)
+        self._batches_in_flight += 1
+        try:
+            return await self.runner.run(items)
+        finally:
+            self._batches_in_flight -= 1
+            self._last_batch_at = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last batch finished; 0 while one is in flight."""
+        if self._batches_in_flight:
+            return 0.0
+        return time.monotonic() - self._last_batch_at
 
     def metadata(self) -> dict[str, Any]:
         """Open Inference Protocol style model metadata, plus the max batch size."""

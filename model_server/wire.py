@@ -57,7 +57,7 @@ class Tensor:
     datatype: str
     shape: tuple[int, ...]
     # Raw little-endian buffer for numeric datatypes; one element per entry for BYTES.
-    data: bytes | list[bytes]
+    data: bytes | memoryview | list[bytes]
 
     @property
     def element_count(self) -> int:

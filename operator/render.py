@@ -23,6 +23,7 @@ SOCKET_DIR = "/run/carpool"
 SOCKET_PATH = f"{SOCKET_DIR}/model.sock"
 CONFIG_DIR = "/etc/carpool"
 CONFIG_KEY = "batching.json"
+TERMINATION_GRACE_S = 45
 SIDECAR_PORT = 8080
 METRICS_PORT = 9091
 RUN_AS = 65532
@@ -219,6 +220,9 @@ def _pod_spec(spec: ModelSpec) -> Manifest:
         },
         # The pods serve a model; they never talk to the Kubernetes API.
         "automountServiceAccountToken": False,
+        # Both containers drain after SIGTERM (the sidecar for up to 30 s, the model server
+        # while batches still come): leave them that long before SIGKILL.
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [_model_server(spec), _sidecar(spec)],
         "volumes": _volumes(spec),
     }

@@ -53,6 +53,7 @@ class Batching:
     max_queue_items: int = 1024
     timeout_ms: int = 30000
     dispatch: str = "adaptive"
+    max_batch_tokens: int = 0
 
     def as_file(self) -> dict[str, int | str]:
         """The keys of docs/architecture.md's batching.json."""
@@ -63,6 +64,7 @@ class Batching:
             "maxQueueItems": self.max_queue_items,
             "timeoutMs": self.timeout_ms,
             "dispatch": self.dispatch,
+            "maxBatchTokens": self.max_batch_tokens,
         }
 
 
@@ -205,6 +207,7 @@ def parse(body: Mapping[str, Any], *, default_image: str) -> ModelSpec:
             max_queue_items=int(batching.get("maxQueueItems", 1024)),
             timeout_ms=int(batching.get("timeoutMs", 30000)),
             dispatch=str(batching.get("dispatch", "adaptive")),
+            max_batch_tokens=int(batching.get("maxBatchTokens", 0)),
         ),
         sidecar_image=sidecar_image,
         sidecar_cpu=str(sidecar_resources.get("cpu", "500m")),

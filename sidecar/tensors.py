@@ -160,9 +160,7 @@ def split(tensor: RequestTensor) -> list[Tensor]:
     stride = len(view) // count if count else 0
     # msgpack packs any buffer as bin; the slices avoid one copy per item.
     return [
-        Tensor(
-            tensor.datatype, item_shape, cast(bytes, view[index * stride : (index + 1) * stride])
-        )
+        Tensor(tensor.datatype, item_shape, view[index * stride : (index + 1) * stride])
         for index in range(count)
     ]
 

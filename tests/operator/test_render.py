@@ -149,6 +149,7 @@ def test_batching_lives_in_the_config_map_only() -> None:
         "maxQueueItems": 1024,
         "timeoutMs": 30000,
         "dispatch": "fixed",
+        "maxBatchTokens": 0,
     }
     # The pod template must not change, or a re-tune would restart every pod.
     assert fast_manifests["Deployment"] == slow_manifests["Deployment"]
