@@ -1,0 +1,83 @@
+{{/*
+The chart name, overridable, truncated to the 63 characters a Kubernetes name allows.
+*/}}
+{{- define "carpool.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The fully qualified app name: release name plus chart name unless the release name already
+contains it. Truncated to 63 characters because some name fields are limited to that.
+*/}}
+{{- define "carpool.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version, as used by the helm.sh/chart label.
+*/}}
+{{- define "carpool.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: the immutable subset that a Deployment selector and a Service use.
+*/}}
+{{- define "carpool.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "carpool.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/*
+Common labels: selector labels plus the ones that may change between releases.
+*/}}
+{{- define "carpool.labels" -}}
+helm.sh/chart: {{ include "carpool.chart" . }}
+{{ include "carpool.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: carpool
+{{- end }}
+
+{{/*
+The ServiceAccount the operator runs as.
+*/}}
+{{- define "carpool.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "carpool.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+An image reference from a map with repository, tag and digest; the tag defaults to the
+chart's appVersion, and a digest, when set, pins the image instead of the tag.
+Usage: include "carpool.image" (dict "image" .Values.images.operator "root" .)
+*/}}
+{{- define "carpool.image" -}}
+{{- $tag := default .root.Chart.AppVersion .image.tag }}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+The namespace of the Grafana dashboard ConfigMap: where Grafana's sidecar looks, by default
+the release namespace.
+*/}}
+{{- define "carpool.dashboardNamespace" -}}
+{{- default .Release.Namespace .Values.dashboard.namespace }}
+{{- end }}

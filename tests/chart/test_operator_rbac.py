@@ -1,0 +1,158 @@
+"""The chart's ClusterRole allows exactly what the real operator does, no more, no less.
+
+The operator runs with the args and env of the chart's Deployment (cluster-wide, as installed)
+against the test API server, which logs every request; a BatchedModel goes through a whole
+life: created with every optional child, its children tampered with (and repaired), changed so
+the optional children go, deleted. Each
+logged request is mapped to the RBAC (group, resource, verb) it needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart.rendering import CHART, NAMESPACE, RELEASE, REPO, helm, one, render
+from support.kube_api import Kind, ServedKubeApi, parse_target
+from support.kube_cluster import Cluster, free_port
+
+MODELS = "models"
+# Requests of these clients are the test's own, not the operator's.
+TEST_AGENTS = ("Helm/", "kubectl")
+COMPONENT = "app.kubernetes.io/component"
+Permission = tuple[str, str, str]  # API group, resource (with subresource), verb
+# Checked by admission (OwnerReferencesPermissionEnforcement) when a child's ownerReference
+# sets blockOwnerDeletion, never by a request of its own.
+ADMISSION_ONLY: set[Permission] = {("carpool.dev", "batchedmodels/finalizers", "update")}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with ServedKubeApi() as served:
+        served.api.serve_kind(Kind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"))
+        kubeconfig = served.write_kubeconfig(tmp_path / "kubeconfig", namespace=MODELS)
+        yield Cluster(kubeconfig, MODELS, served.api)
+
+
+def granted_by_chart() -> set[Permission]:
+    role = one(render(), "ClusterRole")
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permission]:
+    assert cluster.api is not None
+    used: set[Permission] = set()
+    for record in cluster.api.records:
+        if record.agent.startswith(TEST_AGENTS):
+            continue
+        target = parse_target(record.path)
+        if target is None or not target.plural:
+            continue  # discovery (/api, /apis/<group>/<version>) is open to every user
+        resource = f"{target.plural}/{target.subresource}" if target.subresource else target.plural
+        verbs = {"POST": ["create"], "PATCH": ["patch"], "PUT": ["update"], "DELETE": ["delete"]}
+        if record.method == "GET":
+            # The log keeps no query string: kopf lists each collection, then watches it.
+            collection = ["list", "watch"] if record.agent.startswith(kopf_agent) else ["list"]
+            needed = ["get"] if target.name else collection
+        else:
+            needed = verbs[record.method]
+        used |= {(target.group, resource, verb) for verb in needed}
+    return used
+
+
+def operator_process(kubeconfig: Path) -> tuple[list[str], dict[str, str], int]:
+    """The chart's command, args and env, with the liveness endpoint on a free local port."""
+    deployment = one(render(), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    args = [
+        f"--liveness=http://127.0.0.1:{port}/healthz" if arg.startswith("--liveness") else arg
+        for arg in container["args"]
+    ]
+    assert container["command"] == ["carpool", "operator"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    env.update(CARPOOL_RESYNC_SECONDS="1", KUBECONFIG=str(kubeconfig), PYTHONSAFEPATH="1")
+    return [sys.executable, "-m", "carpool", "operator", *args], {**os.environ, **env}, port
+
+
+def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_path: Path) -> None:
+    helm(
+        "install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
+        "--kubeconfig", str(cluster.kubeconfig),
+    )  # fmt: skip
+    command, env, port = operator_process(cluster.kubeconfig)
+    log = tmp_path / "operator.log"
+    with log.open("wb") as output:
+        operator = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        cluster.wait_for("the operator's liveness", lambda: _live(port, operator, log))
+        model = yaml.safe_load((REPO / "examples" / "autoscaled.yaml").read_text())
+        model["metadata"]["namespace"] = MODELS
+        model["spec"]["monitoring"] = {"podMonitor": True}
+        cluster.apply(model)
+        children = {kind: "toy" for kind in ("deployment", "service", "hpa", "pdb", "podmonitor")}
+        children["configmap"] = "toy-batching"
+        for kind, name in children.items():
+            cluster.wait_for_object(kind, name)
+
+        # Drift: a child's label changed behind the operator's back is patched back.
+        for kind, name in children.items():
+            cluster.kubectl("label", "--overwrite", kind, name, f"{COMPONENT}=tampered")
+        for kind, name in children.items():
+            cluster.wait_for_object(kind, name, _repaired)
+
+        # One replica, no HPA (so no PDB either), no PodMonitor: the optional children go.
+        smaller = {
+            "autoscaling": {"enabled": False},
+            "replicas": 1,
+            "monitoring": {"podMonitor": False},
+        }
+        cluster.kubectl(
+            "patch", "batchedmodel", "toy", "--type=merge", "-p", json.dumps({"spec": smaller})
+        )
+        for kind in ("hpa", "pdb", "podmonitor"):
+            cluster.wait_gone(kind, "toy")
+        cluster.kubectl("delete", "batchedmodel", "toy", "--wait=false")
+        cluster.wait_gone("batchedmodel", "toy")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\noperator log:\n{log.read_text()[-3000:]}") from error
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait(timeout=15)
+
+    used = used_by_operator(cluster)
+    granted = granted_by_chart() - ADMISSION_ONLY
+    assert used - granted == set(), f"the operator needs rules the chart lacks: {used - granted}"
+    assert granted - used == set(), f"the chart grants rules nobody used: {granted - used}"
+
+
+def _repaired(child: dict[str, Any]) -> bool:
+    return bool(child["metadata"]["labels"][COMPONENT] == "model")
+
+
+def _live(port: int, operator: subprocess.Popen[bytes], log: Path) -> bool:
+    if operator.poll() is not None:
+        raise AssertionError(f"the operator exited:\n{log.read_text()[-3000:]}")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,279 @@
+"""The chart lints, renders and validates strictly, with defaults and every ci/ variant."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from chart.rendering import CHART, NAMESPACE, REPO, VARIANTS, Manifest, by_kind, helm, one, render
+
+KUBERNETES_VERSION = "1.35"
+# Kinds outside core Kubernetes: no schema in kubernetes-validate. Checked by hand below.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+VARIANT_IDS = ["defaults", *(path.stem for path in VARIANTS)]
+VARIANT_FILES: list[tuple[Path, ...]] = [(), *((path,) for path in VARIANTS)]
+
+
+@pytest.fixture(scope="module", params=VARIANT_FILES, ids=VARIANT_IDS)
+def rendered(request: pytest.FixtureRequest) -> list[Manifest]:
+    values: tuple[Path, ...] = request.param
+    return render(*values)
+
+
+@pytest.mark.parametrize("values", VARIANT_FILES, ids=VARIANT_IDS)
+def test_lint_strict(values: tuple[Path, ...]) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for path in values:
+        args += ["--values", str(path)]
+    assert "0 chart(s) failed" in helm(*args)
+
+
+def test_every_manifest_validates_strictly(rendered: list[Manifest]) -> None:
+    checked = 0
+    for manifest in rendered:
+        if (manifest["apiVersion"], manifest["kind"]) in CUSTOM_KINDS:
+            continue
+        name = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(str(part) for part in error.path)
+            pytest.fail(
+                f"{name} is invalid for Kubernetes {KUBERNETES_VERSION}: {path}: {error.message}"
+            )
+        checked += 1
+    assert checked, "nothing was validated"
+
+
+def test_namespaced_objects_name_the_release_namespace(rendered: list[Manifest]) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    for manifest in rendered:
+        if manifest["kind"] in cluster_scoped:
+            assert "namespace" not in manifest["metadata"]
+        else:
+            assert manifest["metadata"].get("namespace"), manifest["metadata"]["name"]
+
+
+def test_one_resource_kind_per_template_file() -> None:
+    for template in (CHART / "templates").glob("*.yaml"):
+        kinds = set(re.findall(r"^kind: (\w+)", template.read_text(), re.MULTILINE))
+        assert len(kinds) <= 1, f"{template.name} renders {sorted(kinds)}"
+
+
+def test_names_fit_in_63_characters() -> None:
+    manifests = render(sets=("fullnameOverride=" + "x" * 80,))
+    deployment = one(manifests, "Deployment")
+    assert len(deployment["metadata"]["name"]) == 63
+    for manifest in manifests:
+        for value in manifest["metadata"].get("labels", {}).values():
+            assert len(str(value)) <= 63
+
+
+def test_selector_labels_are_a_stable_subset() -> None:
+    deployment = one(render(), "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert "app.kubernetes.io/version" not in selector
+    assert "helm.sh/chart" not in selector
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+
+
+def test_operator_runs_one_replica_with_liveness_probe() -> None:
+    deployment = one(render(), "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "ghcr.io/carpool-dev/carpool:0.1.0"
+    assert container["command"][:2] == ["carpool", "operator"]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    (port,) = [p for p in container["ports"] if p["name"] == probe["port"]]
+    assert port["containerPort"] == 8081
+    assert "readinessProbe" not in container
+    assert container["resources"]["limits"] and container["resources"]["requests"]
+
+
+def _env(manifests: list[Manifest]) -> dict[str, str]:
+    deployment = one(manifests, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {item["name"]: item["value"] for item in container["env"]}
+
+
+def test_batching_defaults_and_images_reach_the_operator_as_env() -> None:
+    env = _env(render())
+    assert env["CARPOOL_DEFAULT_SIDECAR_IMAGE"] == "ghcr.io/carpool-dev/carpool:0.1.0"
+    assert env["CARPOOL_DEFAULT_IMAGE"] == "ghcr.io/carpool-dev/carpool:0.1.0"
+    assert env["CARPOOL_DEFAULT_MAX_BATCH_SIZE"] == "32"
+    assert env["CARPOOL_DEFAULT_MAX_WAIT_MS"] == "5"
+    assert env["CARPOOL_DEFAULT_MAX_INFLIGHT_BATCHES"] == "2"
+    assert env["CARPOOL_DEFAULT_MAX_QUEUE_ITEMS"] == "1024"
+    assert env["CARPOOL_DEFAULT_TIMEOUT_MS"] == "30000"
+    assert env["CARPOOL_DEFAULT_DISPATCH"] == "adaptive"
+
+    tuned = _env(render(sets=("defaults.maxBatchSize=64", "defaults.dispatch=fixed")))
+    assert tuned["CARPOOL_DEFAULT_MAX_BATCH_SIZE"] == "64"
+    assert tuned["CARPOOL_DEFAULT_DISPATCH"] == "fixed"
+
+
+def test_image_digest_pins_the_image() -> None:
+    digest = "sha256:" + "ab" * 32
+    manifests = render(sets=(f"images.operator.digest={digest}", f"images.sidecar.digest={digest}"))
+    (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    pinned = f"ghcr.io/carpool-dev/carpool@{digest}"
+    assert container["image"] == pinned
+    assert _env(manifests)["CARPOOL_DEFAULT_SIDECAR_IMAGE"] == pinned
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("defaults.dispatch=eager",), "adaptive"),
+        (("defaults.maxBatchSize=0",), "maxBatchSize"),
+        (("images.operator.pullPolicy=Sometimes",), "pullPolicy"),
+        (("operator.replicas=3",), "replicas"),
+    ],
+)
+def test_schema_rejects_bad_values(sets: tuple[str, ...], message: str) -> None:
+    with pytest.raises(AssertionError, match=message):
+        render(sets=sets)
+
+
+def test_every_value_is_documented_by_name() -> None:
+    """Each key in values.yaml has a comment starting with its dotted name, and a schema entry."""
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    documented = set(re.findall(r"^\s*# ([a-zA-Z][\w.]*) -- ", text, re.MULTILINE))
+    missing_comment: list[str] = []
+    missing_schema: list[str] = []
+
+    def walk(node: object, prefix: str, node_schema: dict[str, object]) -> None:
+        if not isinstance(node, dict):
+            return
+        properties = node_schema.get("properties")
+        for key, child in node.items():
+            dotted = f"{prefix}{key}"
+            assert re.fullmatch(r"[a-z][a-zA-Z0-9]*", key), f"{dotted} is not camelCase"
+            # Maps of Kubernetes fields (resources) are documented as a whole.
+            if prefix.startswith("operator.resources."):
+                continue
+            if dotted not in documented:
+                missing_comment.append(dotted)
+            child_schema = properties.get(key) if isinstance(properties, dict) else None
+            if not isinstance(child_schema, dict) or not child_schema.get("description"):
+                missing_schema.append(dotted)
+                continue
+            walk(child, dotted + ".", child_schema)
+
+    walk(values, "", schema)
+    assert not missing_comment, f"values without a '# <name> -- ' comment: {missing_comment}"
+    assert not missing_schema, f"values without a schema description: {missing_schema}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [REPO / "crds" / "batchedmodels.carpool.dev.yaml", REPO / "dashboards" / "carpool.json"],
+    ids=["crd", "dashboard"],
+)
+def test_chart_files_are_the_repository_files(source: Path) -> None:
+    """Helm reads nothing outside the chart folder: files/ links to the repository's files."""
+    inside = CHART / "files" / source.parent.name / source.name
+    assert inside.is_symlink(), f"{inside} should link to {source}"
+    assert inside.resolve() == source.resolve()
+    assert inside.read_text() == source.read_text()
+
+
+def test_rendered_crd_is_the_repository_crd_with_lifecycle_policy() -> None:
+    source = yaml.safe_load((REPO / "crds" / "batchedmodels.carpool.dev.yaml").read_text())
+    kept = one(render(), "CustomResourceDefinition")
+    assert kept["spec"] == source["spec"]
+    assert kept["metadata"]["name"] == source["metadata"]["name"]
+    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    not_kept = one(render(sets=("crds.keep=false",)), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (not_kept["metadata"].get("annotations") or {})
+
+    assert by_kind(render(sets=("crds.install=false",)), "CustomResourceDefinition") == []
+
+
+def test_dashboard_configmap_is_labelled_for_grafana() -> None:
+    configmap = one(render(), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == NAMESPACE
+    dashboard = json.loads(configmap["data"]["carpool.json"])
+    assert dashboard == json.loads((REPO / "dashboards" / "carpool.json").read_text())
+
+    moved = one(
+        render(sets=("dashboard.namespace=monitoring", "dashboard.label=dashboards")),
+        "ConfigMap",
+    )
+    assert moved["metadata"]["namespace"] == "monitoring"
+    assert moved["metadata"]["labels"]["dashboards"] == "1"
+    assert "grafana_dashboard" not in moved["metadata"]["labels"]
+    assert by_kind(render(sets=("dashboard.enabled=false",)), "ConfigMap") == []
+
+
+def test_service_monitor_scrapes_the_operator_pod() -> None:
+    assert by_kind(render(), "ServiceMonitor") == []
+    manifests = render(sets=("serviceMonitor.enabled=true", "serviceMonitor.labels.release=kps"))
+    monitor = one(manifests, "ServiceMonitor")
+    service = one(manifests, "Service")
+    deployment = one(manifests, "Deployment")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    selects = monitor["spec"]["selector"]["matchLabels"]
+    assert selects.items() <= service["metadata"]["labels"].items()
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert endpoint["interval"] == "30s"
+
+
+def test_notes_tell_the_next_step() -> None:
+    notes = helm(
+        "install", "carpool", str(CHART), "--dry-run=client", "--namespace", NAMESPACE
+    ).split("NOTES:", 1)[1]
+    assert "kubectl apply -f - <<EOF" in notes and "kind: BatchedModel" in notes
+    assert "rollout status deployment/carpool" in notes
+    assert "grafana_dashboard=1" in notes
+    assert "kubectl delete crd batchedmodels.carpool.dev" in notes
+
+
+def test_operator_command_accepts_the_chart_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The args and env the chart gives `carpool operator` parse as the operator reads them."""
+    from carpool.operator.main import command
+
+    manifests = render(sets=("operator.verbose=true", "operator.healthPort=9000"))
+    (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["carpool", "operator"]
+    for name, value in _env(manifests).items():
+        monkeypatch.setenv(name, value)
+    context = command.make_context("operator", list(container["args"]))
+    assert context.params["liveness"] == "http://0.0.0.0:9000/healthz"
+    assert context.params["verbose"] is True
+    assert context.params["standalone"] is True
+    assert context.params["default_image"] == "ghcr.io/carpool-dev/carpool:0.1.0"
+    assert context.params["resync_seconds"] == 60.0
+
+
+def test_packaged_chart_carries_the_crd_and_dashboard(tmp_path: Path) -> None:
+    """`helm package` stores what files/ links to: the chart archive stands on its own."""
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("carpool-*.tgz")
+    manifests = [
+        doc
+        for doc in yaml.safe_load_all(
+            helm("template", "carpool", str(archive), "--namespace", NAMESPACE)
+        )
+        if doc
+    ]
+    crd = yaml.safe_load((REPO / "crds" / "batchedmodels.carpool.dev.yaml").read_text())
+    assert one(manifests, "CustomResourceDefinition")["spec"] == crd["spec"]
+    dashboard = json.loads((REPO / "dashboards" / "carpool.json").read_text())
+    assert json.loads(one(manifests, "ConfigMap")["data"]["carpool.json"]) == dashboard
+    listing = helm("show", "chart", str(archive))
+    assert "name: carpool" in listing

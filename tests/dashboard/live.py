@@ -1,0 +1,124 @@
+"""A live carpool stack under load, scraped by a real Prometheus every second.
+
+    with live_metrics(tmp_path, load_seconds=12) as run:
+        run.prometheus.query_range(expr, run.start, run.end, step_s=1)
+
+Starts a toy model server with variable-length input (ragged_handler.py) and the sidecar
+(`support.sidecar.run_pair`), Prometheus scraping both, then `carpool bench` for a bounded time
+alongside a few clients sending items of varying length (so batches get padded), plus a few
+malformed requests so that rejection counters move. Everything is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.model_server import free_port
+from support.prometheus import Prometheus, run_prometheus
+from support.sidecar import run_pair
+
+MODEL = "toy"
+HERE = Path(__file__).resolve().parent
+# The toy model with variable-length input (see ragged_handler.py): batches get padded.
+HANDLER = "ragged_handler:RaggedHandler"
+SCRAPE_INTERVAL_S = 1.0
+# Grafana's $__rate_interval for a 1 s scrape interval is 4 s; a little more smooths the plots.
+RATE_INTERVAL = "10s"
+RAGGED_CLIENTS = 4
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    prometheus: Prometheus
+    start: float  # unix seconds, before the load
+    end: float  # unix seconds, after the last scrape of the load
+
+
+def _post(sidecar_url: str, body: bytes) -> int:
+    request = urllib.request.Request(
+        f"{sidecar_url}/v2/models/{MODEL}/infer",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            status: int = reply.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    return status
+
+
+def _bad_requests(sidecar_url: str, count: int) -> None:
+    """Malformed inference requests: each one is a 400 and a bad_request rejection."""
+    for _ in range(count):
+        assert _post(sidecar_url, b"{not json") == 400
+
+
+def _ragged_requests(sidecar_url: str, seconds: float, seed: int) -> int:
+    """Requests of 5 to 8 values (one length bucket) until `seconds` pass; returns the count."""
+    rng = random.Random(seed)
+    deadline = time.monotonic() + seconds
+    sent = 0
+    while time.monotonic() < deadline and sent < 10_000:
+        length = rng.randint(5, 8)
+        tensor = {"name": "input", "datatype": "FP32", "shape": [1, length], "data": [1.0] * length}
+        assert _post(sidecar_url, json.dumps({"inputs": [tensor]}).encode()) == 200
+        sent += 1
+    return sent
+
+
+def _load(sidecar_url: str, seconds: float, concurrency: int) -> None:
+    """`carpool bench` (fixed-length items) alongside a few clients sending ragged items."""
+    args = [sys.executable, "-m", "carpool", "bench", "--url", sidecar_url]
+    args += ["--model-name", MODEL, "--payload", "toy", "--quiet", "--metrics-url", "none"]
+    args += ["--concurrency", str(concurrency), "--duration", str(seconds), "--warmup", "0"]
+    bench = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with ThreadPoolExecutor(max_workers=RAGGED_CLIENTS) as pool:
+            counts = pool.map(
+                lambda seed: _ragged_requests(sidecar_url, seconds, seed), range(RAGGED_CLIENTS)
+            )
+            sent = sum(counts)
+        output, _ = bench.communicate(timeout=seconds + 60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 0, f"carpool bench failed:\n{output}"
+    assert sent > 0
+
+
+@contextmanager
+def live_metrics(
+    tmp_path: Path, load_seconds: float = 12.0, concurrency: int = 16
+) -> Iterator[LiveRun]:
+    metrics_port = free_port()
+    model_args = ("--metrics-port", str(metrics_port))
+    env = {"PYTHONPATH": str(HERE)}
+    with run_pair(tmp_path, HANDLER, model_args=model_args, env=env, model=MODEL) as pair:
+        sidecar = pair.sidecar.url
+        jobs = {
+            "sidecar": [sidecar.removeprefix("http://")],
+            "model-server": [f"127.0.0.1:{metrics_port}"],
+        }
+        with run_prometheus(tmp_path, jobs, scrape_interval_s=SCRAPE_INTERVAL_S) as prometheus:
+            prometheus.wait_for_targets(timeout_s=30)
+            start = time.time()
+            _bad_requests(sidecar, 3)
+            _load(sidecar, load_seconds, concurrency)
+            _bad_requests(sidecar, 3)
+            # Let the last samples of the load be scraped.
+            time.sleep(3 * SCRAPE_INTERVAL_S)
+            yield LiveRun(prometheus, start, time.time())

@@ -1,0 +1,174 @@
+"""Start a real Prometheus for a test, scraping local targets every second, and query it.
+
+    with run_prometheus(tmp_path, {"sidecar": ["127.0.0.1:8080"]}) as prom:
+        prom.wait_for_targets(timeout_s=30)               # every target scraped and up
+        series = prom.query('sum(rate(carpool_requests_total[10s]))')   # instant vector
+        matrix = prom.query_range(expr, start, end, step_s=1.0)
+
+`run_prometheus(tmp_path, jobs, scrape_interval_s=1)` runs `.cache/tools/bin/prometheus` on a
+free 127.0.0.1 port with its storage under `tmp_path`, waits for `/-/ready`, and stops it
+(SIGTERM, then SIGKILL) on exit. `prom.log()` returns its output, for assertion messages.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS = REPO / ".cache" / "tools" / "bin" / "prometheus"
+
+# One element of a Prometheus result: {"metric": {labels}, "value": [t, "v"]} for a vector,
+# {"metric": {labels}, "values": [[t, "v"], ...]} for a matrix.
+Series = dict[str, Any]
+
+
+class QueryError(AssertionError):
+    """Prometheus refused a query (bad PromQL); the message carries its error text."""
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def api(self, path: str, params: Mapping[str, str], timeout_s: float = 10.0) -> Any:
+        """GET /api/v1/<path>; return `data`, or raise QueryError with Prometheus' message."""
+        query = urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(
+                f"{self.url}/api/v1/{path}?{query}", timeout=timeout_s
+            ) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as error:
+            body = json.load(error)
+        if body.get("status") != "success":
+            raise QueryError(f"{body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[Series]:
+        """An instant query: one sample per series, at `at` (default: now)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        data = self.api("query", params)
+        result: list[Series] = data["result"] if data["resultType"] in {"vector", "matrix"} else []
+        return result
+
+    def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
+        """A range query, as Grafana runs a panel: one series per label set, `values` in order."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step_s)}
+        result: list[Series] = self.api("query_range", params)["result"]
+        return result
+
+    def targets(self) -> list[dict[str, Any]]:
+        active: list[dict[str, Any]] = self.api("targets", {"state": "active"})["activeTargets"]
+        return active
+
+    def wait_for_targets(self, timeout_s: float = 30.0) -> None:
+        """Until every configured target has been scraped successfully at least once."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            targets = self.targets()
+            if targets and all(t["health"] == "up" for t in targets):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"Prometheus targets not up after {timeout_s}s: {self.targets()}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _config(jobs: Mapping[str, Sequence[str]], scrape_interval_s: float) -> str:
+    """prometheus.yml as JSON (a subset of YAML): one static job per name."""
+    interval = f"{int(scrape_interval_s * 1000)}ms"
+    config = {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [
+            {
+                "job_name": name,
+                "scrape_interval": interval,
+                "scrape_timeout": interval,
+                "static_configs": [{"targets": list(targets)}],
+            }
+            for name, targets in jobs.items()
+        ],
+    }
+    return json.dumps(config, indent=2)
+
+
+@contextmanager
+def run_prometheus(
+    tmp_path: Path,
+    jobs: Mapping[str, Sequence[str]],
+    scrape_interval_s: float = 1.0,
+    timeout_s: float = 30.0,
+) -> Iterator[Prometheus]:
+    folder = tmp_path / "prometheus"
+    folder.mkdir()
+    config = folder / "prometheus.yml"
+    config.write_text(_config(jobs, scrape_interval_s))
+    port = _free_port()
+    args = [
+        str(PROMETHEUS),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1h",
+        "--log.level=warn",
+    ]
+    log_path = folder / "prometheus.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
+    prometheus = Prometheus(process, f"http://127.0.0.1:{port}", log_path)
+    try:
+        _wait_ready(prometheus, timeout_s)
+        yield prometheus
+    finally:
+        _stop(prometheus)
+
+
+def _wait_ready(prometheus: Prometheus, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if prometheus.process.poll() is not None:
+            raise AssertionError(
+                f"prometheus exited {prometheus.process.returncode}:\n{prometheus.log()}"
+            )
+        try:
+            with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2.0) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.1)
+    raise AssertionError(f"prometheus not ready after {timeout_s}s:\n{prometheus.log()}")
+
+
+def _stop(prometheus: Prometheus, timeout_s: float = 10.0) -> None:
+    if prometheus.process.poll() is None:
+        prometheus.process.send_signal(signal.SIGTERM)
+        try:
+            prometheus.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            prometheus.process.kill()
+            prometheus.process.wait(timeout_s)
