@@ -1,0 +1,318 @@
+"""Side by side: the same model and request mix without batching, through carpool, and
+through Ray Serve's @serve.batch, in alternating rounds, against the model's own limit.
+
+    python bench/compare.py                      # MiniLM, concurrency 1,8,32,64, 3 rounds
+    python bench/compare.py --model trivial      # the HTTP front's own cost, concurrency 64
+    python bench/compare.py --device cuda:0 --text-length long   # a batch-friendly GPU run
+
+Each round starts every variant in turn (unbatched, carpool, ray), loads it at every
+concurrency, stops it, then measures the model's in-process limit. The summary gives the
+median and range over rounds, and ratios paired round by round. Everything lands in
+`--results` as summary.txt, results.json and compare.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+# Sibling modules of this script; bench/ is a folder of scripts, not a package.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import servers
+import summary
+
+from carpool.loadgen import runner, workload
+from carpool.sidecar.config import BatchingSettings
+
+DEFAULTS = BatchingSettings()
+LIMIT_SCRIPT = servers.BENCH_DIR / "limit.py"
+
+
+def _cpus(value: str | None) -> frozenset[int] | None:
+    """A CPU list such as 0 or 1-3,6 (as taskset takes it)."""
+    if value is None:
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in value.split(","):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a CPU list like 0 or 1-3,6") from None
+    unknown = cpus - os.sched_getaffinity(0)
+    if not cpus or unknown:
+        raise click.BadParameter(f"CPUs {sorted(unknown)} are not available here")
+    return frozenset(cpus)
+
+
+def _levels(value: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not levels or min(levels) < 1:
+        raise click.BadParameter(f"concurrencies must be at least 1, got {value!r}")
+    return levels
+
+
+async def _measure(
+    server: servers.Running,
+    prepared: list[workload.PreparedRequest],
+    levels: tuple[int, ...],
+    round_number: int,
+    duration: float,
+    warmup: float,
+    progress: bool,
+) -> list[summary.Measurement]:
+    """Every concurrency against one running server, after a warm-up at the highest."""
+    if warmup > 0:
+        await runner.run(
+            runner.RunSettings(
+                url=server.url,
+                mode="concurrency",
+                levels=(max(levels),),
+                duration=warmup,
+                warmup_seconds=0,
+                progress=False,
+            ),
+            prepared,
+        )
+    measurements = []
+    for level in levels:
+        before = server.cpu_seconds()
+        [cell] = await runner.run(
+            runner.RunSettings(
+                url=server.url,
+                mode="concurrency",
+                levels=(level,),
+                duration=duration,
+                metrics_url=server.url + "/metrics",
+                warmup_seconds=0,
+                progress=progress,
+            ),
+            prepared,
+        )
+        after = server.cpu_seconds()
+        measurements.append(
+            summary.Measurement(
+                variant=server.variant,
+                round=round_number,
+                concurrency=level,
+                cell=cell,
+                front_cpu_seconds=after["front"] - before["front"],
+                model_cpu_seconds=after["model"] - before["model"],
+            )
+        )
+    return measurements
+
+
+def _limit(
+    settings: servers.ModelSettings,
+    round_number: int,
+    results: Path,
+    cpus: frozenset[int] | None,
+) -> summary.Limit | None:
+    """The model alone, in process, at its best batch size (bench/limit.py).
+
+    limit.py prints one row per batch size: size, ms per batch, items/s.
+    """
+    command = [
+        sys.executable,
+        str(LIMIT_SCRIPT),
+        "--handler",
+        settings.handler,
+        "--device",
+        settings.device,
+        "--torch-threads",
+        str(settings.torch_threads),
+        "--max-batch-size",
+        str(settings.max_batch_size),
+    ]
+    log_path = results / "logs" / f"limit-{round_number}.log"
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env=servers.environment(),
+        check=False,
+        # On the servers' CPUs, like the servers it is compared with.
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+    )
+    log_path.write_text(done.stdout + done.stderr)
+    rows = []
+    for line in done.stdout.splitlines():
+        fields = line.split()
+        try:
+            size, _, items_per_second = int(fields[0]), float(fields[1]), float(fields[2])
+        except (IndexError, ValueError):
+            continue  # the header lines
+        rows.append((items_per_second, size))
+    if done.returncode != 0 or not rows:
+        click.echo(f"limit: bench/limit.py failed ({done.returncode}); see {log_path}", err=True)
+        return None
+    items_per_second, size = max(rows)
+    return summary.Limit(round_number, size, items_per_second)
+
+
+@click.command()
+@click.option(
+    "--model",
+    type=click.Choice(["minilm", "trivial"]),
+    default="minilm",
+    show_default=True,
+    help="minilm: all-MiniLM-L6-v2 (or --handler); trivial: the toy model, to cost the front.",
+)
+@click.option(
+    "--handler",
+    default=None,
+    help="carpool handler: toy is sent floats, any other text "
+    "(a BYTES input named 'text') [default: text-embedding | toy]",
+)
+@click.option("--model-name", default=None, help="Name served in URLs [default: the handler].")
+@click.option("--concurrency", default=None, help="[default: 1,8,32,64; trivial: 64]")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--duration", type=float, default=10.0, show_default=True, help="s per cell")
+@click.option("--warmup", type=float, default=3.0, show_default=True, help="s per server start")
+@click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda:N")
+@click.option(
+    "--text-length",
+    type=click.Choice(workload.TEXT_LENGTHS),
+    default="mixed",
+    show_default=True,
+    help="long: about 150 words per request, for a batch-friendly GPU run.",
+)
+@click.option("--max-batch-size", type=int, default=DEFAULTS.max_batch_size, show_default=True)
+@click.option("--max-wait-ms", type=float, default=DEFAULTS.max_wait_ms, show_default=True)
+@click.option("--no-ray", is_flag=True, help="Skip Ray Serve.")
+@click.option("--install-ray", is_flag=True, help=f"Build {servers.RAY_VENV} first.")
+@click.option("--no-limit", is_flag=True, help="Skip the in-process limit.")
+@click.option(
+    "--loadgen-cpus", default=None, help="Pin the load generator, e.g. 0 [default: unpinned]."
+)
+@click.option("--server-cpus", default=None, help="Pin every server, e.g. 1-3 [default: unpinned].")
+@click.option("--ready-timeout", type=float, default=300.0, show_default=True)
+@click.option("--results", type=click.Path(path_type=Path), default=None)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def main(
+    model: str,
+    handler: str | None,
+    model_name: str | None,
+    concurrency: str | None,
+    rounds: int,
+    duration: float,
+    warmup: float,
+    torch_threads: int,
+    device: str,
+    text_length: workload.TextLength,
+    max_batch_size: int,
+    max_wait_ms: float,
+    no_ray: bool,
+    install_ray: bool,
+    no_limit: bool,
+    loadgen_cpus: str | None,
+    server_cpus: str | None,
+    ready_timeout: float,
+    results: Path | None,
+    quiet: bool,
+) -> None:
+    """Compare unbatched serving, carpool and Ray Serve on one model."""
+    trivial = model == "trivial"
+    pinned_loadgen, pinned_servers = _cpus(loadgen_cpus), _cpus(server_cpus)
+    if pinned_loadgen is not None:
+        os.sched_setaffinity(0, pinned_loadgen)
+    handler = handler or ("toy" if trivial else "text-embedding")
+    levels = _levels(concurrency or ("64" if trivial else "1,8,32,64"))
+    settings = servers.ModelSettings(
+        handler=handler,
+        model_name=model_name or handler,
+        device=device,
+        torch_threads=torch_threads,
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+    )
+    variants = [servers.unbatched(settings), servers.carpool(settings)]
+    if trivial or no_ray:
+        click.echo("ray: skipped", err=True)
+    else:
+        python = servers.ray_python(install_ray)
+        if python is None:
+            click.echo(
+                f"ray: skipped, not installed in {servers.RAY_VENV} (add --install-ray)", err=True
+            )
+        else:
+            variants.append(servers.ray(settings, python))
+    measure_limit = not (trivial or no_limit)
+    if measure_limit and not LIMIT_SCRIPT.exists():
+        click.echo(f"limit: skipped, {LIMIT_SCRIPT} is missing", err=True)
+        measure_limit = False
+
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    results = results or servers.REPO_DIR / ".cache" / "bench" / f"compare-{model}-{stamp}"
+    (results / "logs").mkdir(parents=True, exist_ok=True)
+    # The toy model takes four floats; every other handler is sent text, as MiniLM takes it.
+    toy = handler == "toy"
+    spec = workload.WorkloadSpec(
+        protocol="oip-json",
+        payload="toy" if toy else "text",
+        model_name=settings.model_name,
+        input_name="input" if toy else "text",
+        text_length=text_length,
+    )
+    prepared = workload.build(spec)
+    run_settings = {
+        **dataclasses.asdict(settings),
+        "model": model,
+        "payload": spec.payload,
+        "text_length": None if toy else text_length,
+        "concurrency": list(levels),
+        "rounds": rounds,
+        "duration_seconds": duration,
+        "warmup_seconds": warmup,
+        "variants": [variant.name for variant in variants],
+        "python": sys.version.split()[0],
+        "loadgen_cpus": sorted(os.sched_getaffinity(0)),
+        "server_cpus": sorted(pinned_servers) if pinned_servers else None,
+    }
+
+    measurements: list[summary.Measurement] = []
+    limits: list[summary.Limit] = []
+    for round_number in range(1, rounds + 1):
+        for variant in variants:
+            click.echo(f"round {round_number}/{rounds}: {variant.name}", err=True)
+            log_path = results / "logs" / f"{variant.name}-{round_number}.log"
+            with servers.started(variant, log_path, ready_timeout, pinned_servers) as server:
+                measurements += asyncio.run(
+                    _measure(server, prepared, levels, round_number, duration, warmup, not quiet)
+                )
+        if measure_limit:
+            click.echo(f"round {round_number}/{rounds}: limit", err=True)
+            limit = _limit(settings, round_number, results, pinned_servers)
+            if limit is not None:
+                limits.append(limit)
+
+    text = summary.render_text(measurements, limits, run_settings)
+    click.echo(text)
+    (results / "summary.txt").write_text(text + "\n")
+    document = summary.to_json(measurements, limits, run_settings)
+    (results / "results.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    summary.plot(
+        measurements,
+        limits,
+        results / "compare.png",
+        f"{handler} on {device}, torch threads {torch_threads}",
+    )
+    click.echo(f"results in {results}", err=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""`carpool bench`: closed- or open-loop load against a sidecar, with a report."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Literal
+
+import click
+
+from carpool.loadgen import report, runner, workload
+
+DEFAULT_CONCURRENCY = "1,8,32,64"
+# Input tensor names of the built-in handlers, so `--payload` alone is enough.
+DEFAULT_INPUT_NAMES = {"text": "text", "toy": "input"}
+DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
+
+
+def _numbers(option: str, value: str) -> tuple[float, ...]:
+    try:
+        numbers = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    if not numbers or any(number <= 0 for number in numbers):
+        raise click.BadParameter(f"{option} needs positive numbers, got {value!r}")
+    return numbers
+
+
+def _shape(value: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if any(dim < 1 for dim in dims):
+        raise click.BadParameter(f"dimensions must be positive, got {value!r}")
+    return dims
+
+
+@click.command()
+@click.option("--url", default="http://127.0.0.1:8080", show_default=True, help="The sidecar.")
+@click.option(
+    "--metrics-url",
+    default=None,
+    help="Prometheus text for batching figures [default: URL/metrics]; 'none' to skip.",
+)
+@click.option("--model-name", default=None, help="[default: the payload's built-in handler]")
+@click.option(
+    "--protocol", type=click.Choice(workload.PROTOCOLS), default="oip-json", show_default=True
+)
+@click.option(
+    "--concurrency",
+    default=None,
+    help=f"Closed loop: comma-separated client counts [default: {DEFAULT_CONCURRENCY}].",
+)
+@click.option("--rate", default=None, help="Open loop: comma-separated requests/s (Poisson).")
+@click.option("--duration", type=float, default=None, help="Seconds per load level [default: 10].")
+@click.option("--requests", type=click.IntRange(min=1), default=None, help="Requests per level.")
+@click.option("--warmup", type=float, default=1.0, show_default=True, help="Unrecorded seconds.")
+@click.option("--payload", type=click.Choice(["text", "toy"]), default="toy", show_default=True)
+@click.option("--input-name", default=None, help="[default: the payload's built-in input]")
+@click.option(
+    "--input-shape",
+    default="4",
+    show_default=True,
+    help="Per-item shape of toy payloads, e.g. 3,224,224.",
+)
+@click.option(
+    "--text-length",
+    type=click.Choice(workload.TEXT_LENGTHS),
+    default="mixed",
+    show_default=True,
+    help="Text payloads: one sentence, one to four, or about 150 words.",
+)
+@click.option("--batch-per-request", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--timeout", type=float, default=60.0, show_default=True, help="Per request, s.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def command(
+    url: str,
+    metrics_url: str | None,
+    model_name: str | None,
+    protocol: workload.Protocol,
+    concurrency: str | None,
+    rate: str | None,
+    duration: float | None,
+    requests: int | None,
+    warmup: float,
+    payload: Literal["text", "toy"],
+    input_name: str | None,
+    input_shape: str,
+    text_length: workload.TextLength,
+    batch_per_request: int,
+    timeout: float,
+    seed: int,
+    json_path: Path | None,
+    plot_path: Path | None,
+    quiet: bool,
+) -> None:
+    """Load a carpool sidecar (or any OIP/KServe v1 server) and report what it did."""
+    if concurrency is not None and rate is not None:
+        raise click.UsageError("give --concurrency or --rate, not both")
+    if duration is not None and duration <= 0:
+        raise click.BadParameter("must be positive", param_hint="--duration")
+    mode: report.Mode = "rate" if rate is not None else "concurrency"
+    levels = _numbers(f"--{mode}", rate if rate is not None else concurrency or DEFAULT_CONCURRENCY)
+    if mode == "concurrency" and any(level != int(level) for level in levels):
+        raise click.BadParameter("concurrency must be whole numbers", param_hint="--concurrency")
+    if duration is None and requests is None:
+        duration = 10.0
+    if metrics_url is None:
+        metrics_url = url.rstrip("/") + "/metrics"
+    spec = workload.WorkloadSpec(
+        protocol=protocol,
+        payload=payload,
+        model_name=model_name or DEFAULT_MODEL_NAMES[payload],
+        input_name=input_name or DEFAULT_INPUT_NAMES[payload],
+        input_shape=_shape(input_shape),
+        text_length=text_length,
+        batch_per_request=batch_per_request,
+        seed=seed,
+    )
+    settings = runner.RunSettings(
+        url=url,
+        mode=mode,
+        levels=levels,
+        duration=duration,
+        requests=requests,
+        metrics_url=None if metrics_url == "none" else metrics_url,
+        warmup_seconds=warmup,
+        timeout_seconds=timeout,
+        seed=seed,
+        progress=not quiet,
+    )
+    cells = asyncio.run(runner.run(settings, workload.build(spec)))
+    result = report.BenchReport(
+        settings={
+            "url": url,
+            "model_name": spec.model_name,
+            "protocol": protocol,
+            "payload": payload,
+            "input_shape": list(spec.input_shape) if payload == "toy" else None,
+            "text_length": text_length if payload == "text" else None,
+            "batch_per_request": batch_per_request,
+            "mode": mode,
+            "levels": list(levels),
+            "duration_seconds": duration,
+            "requests": requests,
+            "warmup_seconds": warmup,
+            "seed": seed,
+        },
+        cells=cells,
+    )
+    click.echo(report.render_text(result))
+    if json_path is not None:
+        report.write_json(result, json_path)
+    if plot_path is not None:
+        report.plot({spec.model_name: cells}, plot_path, title=f"carpool bench: {url}")

@@ -1,0 +1,124 @@
+"""bench/compare.py: its command line, and how it pairs rounds into ratios."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import orjson
+import pytest
+
+from carpool.loadgen.report import CellResult
+from carpool.loadgen.stats import LatencySummary
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    # bench/ holds scripts, not a package: load the file itself.
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+summary = _load("summary")
+
+
+def test_compare_help_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "compare.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    for option in ("--model", "--concurrency", "--rounds", "--torch-threads", "--no-ray"):
+        assert option in done.stdout
+
+
+def _measurement(variant: str, round_number: int, rps: float, p50: float) -> object:
+    cell = CellResult(
+        mode="concurrency",
+        level=8,
+        requests=int(rps * 10),
+        ok=int(rps * 10),
+        errors={},
+        wall_seconds=10.0,
+        throughput_rps=rps,
+        items_per_second=rps,
+        latency=LatencySummary(1, p50, p50, p50, p50, p50),
+        loadgen_cpu_percent=10.0,
+    )
+    return summary.Measurement(variant, round_number, 8, cell, 5.0, 0.0)
+
+
+def test_ratios_pair_each_round_with_the_same_round() -> None:
+    # Round 2 ran on a machine twice as fast for everybody: pairing cancels it.
+    measurements = [
+        _measurement("unbatched", 1, 100, 0.010),
+        _measurement("carpool", 1, 300, 0.012),
+        _measurement("unbatched", 2, 200, 0.005),
+        _measurement("carpool", 2, 600, 0.006),
+    ]
+    limits = [summary.Limit(1, 32, 400.0), summary.Limit(2, 32, 800.0)]
+    ratios = summary.paired_ratios(measurements, limits)
+    assert ratios["throughput carpool/unbatched"][8] == summary.Spread(3.0, 3.0, 3.0)
+    assert ratios["items/s carpool/limit"][8].median == pytest.approx(0.75)
+    assert ratios["p50 carpool/unbatched"][8].median == pytest.approx(1.2)
+    assert "throughput carpool/ray" not in ratios
+    table = summary.medians(measurements)
+    assert table["carpool"][8]["requests_per_second"] == summary.Spread(450.0, 300.0, 600.0)
+    # 5 CPU seconds over 10 s is half a core.
+    assert table["carpool"][8]["requests_per_front_core"].median == pytest.approx(900.0)
+    assert math.isnan(summary.Spread.of([]).median)
+
+
+def test_summary_outputs(tmp_path: Path) -> None:
+    measurements = [
+        _measurement("unbatched", 1, 100, 0.010),
+        _measurement("carpool", 1, 300, 0.012),
+    ]
+    settings = {
+        "handler": "toy", "device": "cpu", "torch_threads": 1, "max_batch_size": 32,
+        "max_wait_ms": 5.0, "rounds": 1, "duration_seconds": 10.0,
+    }  # fmt: skip
+    text = summary.render_text(measurements, [], settings)
+    assert "torch threads 1" in text
+    assert "throughput carpool/unbatched" in text
+    document = summary.to_json(measurements, [], settings)
+    assert document["schema"] == "carpool.compare/v1"
+    assert document["ratios"]["throughput carpool/unbatched"]["8"]["median"] == 3.0
+    path = tmp_path / "compare.png"
+    summary.plot(measurements, [], path, "t")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_trivial_comparison_runs_both_servers_and_meters_the_front(tmp_path: Path) -> None:
+    command = [sys.executable, str(BENCH_DIR / "compare.py"), "--model", "trivial"]
+    command += ["--rounds", "1", "--duration", "1", "--warmup", "0.3", "--concurrency", "4"]
+    command += ["--results", str(tmp_path), "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = orjson.loads((tmp_path / "results.json").read_bytes())
+    assert document["settings"]["torch_threads"] == 1
+    by_variant = {m["variant"]: m for m in document["measurements"]}
+    assert set(by_variant) == {"unbatched", "carpool"}
+    for measurement in by_variant.values():
+        assert measurement["cell"]["ok"] > 0 and measurement["cell"]["errors"] == {}
+        assert measurement["front_cpu_seconds"] > 0
+        assert measurement["requests_per_front_core"] > 0
+    # Only carpool has a model server apart from its front, and batch figures.
+    assert by_variant["carpool"]["model_cpu_seconds"] > 0
+    assert by_variant["carpool"]["cell"]["batching"]["batches"] > 0
+    assert by_variant["unbatched"]["model_cpu_seconds"] == 0
+    assert by_variant["unbatched"]["cell"]["batching"] is None
+    assert "throughput carpool/unbatched" in (tmp_path / "summary.txt").read_text()
+    assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
