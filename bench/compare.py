@@ -120,8 +120,10 @@ def _limit(
     round_number: int,
     results: Path,
     cpus: frozenset[int] | None,
+    text_length: workload.TextLength,
 ) -> summary.Limit | None:
-    """The model alone, in process, at its best batch size (bench/limit.py).
+    """The model alone, in process, at its best batch size (bench/limit.py), on the same
+    text mix as the servers.
 
     limit.py prints one row per batch size: size, ms per batch, items/s.
     """
@@ -136,6 +138,8 @@ def _limit(
         str(settings.torch_threads),
         "--max-batch-size",
         str(settings.max_batch_size),
+        "--text-length",
+        text_length,
     ]
     log_path = results / "logs" / f"limit-{round_number}.log"
     done = subprocess.run(
@@ -296,7 +300,7 @@ def main(
                 )
         if measure_limit:
             click.echo(f"round {round_number}/{rounds}: limit", err=True)
-            limit = _limit(settings, round_number, results, pinned_servers)
+            limit = _limit(settings, round_number, results, pinned_servers, text_length)
             if limit is not None:
                 limits.append(limit)
 

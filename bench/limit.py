@@ -12,35 +12,27 @@ On CPU the thread count dominates the figures: always state it with them.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
+from typing import get_args
 
 import torch
 
+from carpool.loadgen.workload import TextLength, text_items
 from carpool.model_server.config import parse
 from carpool.model_server.device import resolve_device, resolve_dtype
 from carpool.model_server.handler import HandlerSettings, load_handler_class
 from carpool.model_server.wire import BYTES, Item, Tensor
 
-# Typical short sentences of varied length: each batch pads to its longest one.
-SENTENCES = [
-    "How do I reset my password?",
-    "The quarterly report shows revenue growth across all regions.",
-    "Dynamic batching trades a little latency for a lot of throughput.",
-    "A cat sleeps on the warm windowsill in the afternoon sun.",
-    "Kubernetes restarts the pod when the liveness probe fails three times in a row.",
-    "Short one.",
-    "Which train goes to the airport on Sunday mornings?",
-    "Embedding models map sentences to vectors whose distances reflect meaning.",
-]
 
-
-def sample_items(handler_name: str, example: Item | None, count: int) -> list[Item]:
+def sample_items(
+    handler_name: str, example: Item | None, count: int, text_length: TextLength
+) -> list[Item]:
+    """Texts from the load generator's mix, so the limit and the servers see the same work."""
     if handler_name == "text-embedding":
-        return [
-            {"text": Tensor(BYTES, (1,), [SENTENCES[i % len(SENTENCES)].encode()])}
-            for i in range(count)
-        ]
+        texts = text_items(count, text_length, random.Random(count))
+        return [{"text": Tensor(BYTES, (1,), [text.encode()])} for text in texts]
     if example is None:
         raise SystemExit(f"handler {handler_name!r} has no example item to benchmark with")
     return [example] * count
@@ -54,6 +46,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--text-length", choices=get_args(TextLength), default="mixed")
     args = parser.parse_args()
 
     config = parse(
@@ -73,10 +66,11 @@ def main() -> None:
     with torch.inference_mode():
         handler.load(device)
     print(f"handler={args.handler} device={device} dtype={args.dtype} ", end="")
-    print(f"torch_threads={torch.get_num_threads()} repeats={args.repeats}")
+    print(f"torch_threads={torch.get_num_threads()} repeats={args.repeats} ", end="")
+    print(f"text_length={args.text_length}")
     print(f"{'batch':>5} {'ms/batch':>10} {'items/s':>10}")
     for size in config.warmup_sizes:
-        items = sample_items(args.handler, handler.example_item(), size)
+        items = sample_items(args.handler, handler.example_item(), size, args.text_length)
         timings = []
         for repeat in range(args.repeats + 1):
             started = time.perf_counter()
