@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import click
 
-from carpool.sidecar.demo import run_demo
+from carpool.sidecar.demo import report_lines, run_demo
 
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 40.0
@@ -119,10 +119,10 @@ async def _serve(
                 return 1
             click.echo(f"carpool: {name!r} ready at {url}/v2/models/{name}/infer", err=True)
             if demo is not None:
-                report = await run_demo(url, name, demo.clients, demo.seconds, demo.requests)
-                for line in report.lines():
+                cell = await run_demo(url, name, demo.clients, demo.seconds, demo.requests)
+                for line in report_lines(cell):
                     click.echo(line)
-                return 0 if report.errors == 0 else 1
+                return 0 if cell.ok == cell.requests else 1
             return await _until_stopped(children, stop)
         finally:
             for child in children:
