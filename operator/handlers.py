@@ -7,7 +7,10 @@ from typing import Any
 
 import kopf
 
-from carpool.operator.reconcile import OperatorConfig, Runtime, reconcile
+from carpool.operator.defaults import Defaults
+from carpool.operator.kube import KubeClient
+from carpool.operator.metrics import OperatorMetrics
+from carpool.operator.reconcile import Runtime, reconcile
 from carpool.operator.render import GROUP, KIND, MANAGED_BY, VERSION
 
 PLURAL = "batchedmodels"
@@ -38,9 +41,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
-    config = memo["config"]
-    assert isinstance(config, OperatorConfig)
-    memo["runtime"] = Runtime(config=config)
+    # main() parsed and checked the defaults, and owns the metrics (their server outlives kopf).
+    defaults, metrics = memo["defaults"], memo["metrics"]
+    assert isinstance(defaults, Defaults) and isinstance(metrics, OperatorMetrics)
+    memo["runtime"] = Runtime(defaults, metrics, KubeClient(on_write=metrics.wrote))
 
 
 def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
@@ -66,6 +70,18 @@ async def on_model(
     await reconcile(_runtime(memo), namespace or "default", name, logger)
 
 
+async def on_model_event(
+    event: kopf.RawEvent, name: str, namespace: str | None, memo: Any, **_: Any
+) -> None:
+    """A deleted BatchedModel leaves the models gauge (no reconcile runs for it any more)."""
+    if event.get("type") != "DELETED":
+        return
+    runtime, namespace = _runtime(memo), namespace or "default"
+    # After any reconcile in flight, which would count the model again.
+    async with runtime.locks[namespace, name]:
+        runtime.metrics.forget(namespace, name)
+
+
 async def on_child(
     meta: kopf.Meta, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
 ) -> None:
@@ -84,5 +100,6 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
     kopf.timer(GROUP, VERSION, PLURAL, registry=registry, id="resync", interval=resync_seconds)(
         on_model
     )
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="forget")(on_model_event)
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_child)

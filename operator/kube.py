@@ -7,6 +7,7 @@ children with the same credentials kopf logged in with (see `handlers.login`).
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,11 +68,15 @@ class ApiError(Exception):
 
 
 class KubeClient:
-    """One aiohttp session against the API server; credentials arrive from kopf's login."""
+    """One aiohttp session against the API server; credentials arrive from kopf's login.
 
-    def __init__(self) -> None:
+    `on_write` hears the kind of every create, patch and delete the server accepted.
+    """
+
+    def __init__(self, on_write: Callable[[str], None] | None = None) -> None:
         self._info: kopf.ConnectionInfo | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._on_write = on_write
 
     def login(self, info: kopf.ConnectionInfo) -> None:
         self._info = info
@@ -126,15 +131,21 @@ class KubeClient:
             raise
         return found if isinstance(found, dict) else None
 
+    def _wrote(self, kind: str) -> None:
+        if self._on_write is not None:
+            self._on_write(kind)
+
     async def create(self, manifest: Manifest) -> None:
         resource = RESOURCES[manifest["kind"]]
         await self._request("POST", resource.path(manifest["metadata"]["namespace"]), body=manifest)
+        self._wrote(manifest["kind"])
 
     async def merge_patch(
         self, kind: str, namespace: str, name: str, patch: Manifest, *, subresource: str = ""
     ) -> None:
         path = RESOURCES[kind].path(namespace, name, subresource)
         await self._request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        self._wrote(kind)
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
@@ -142,6 +153,8 @@ class KubeClient:
         except ApiError as error:
             if error.status != 404:
                 raise
+            return
+        self._wrote(kind)
 
     async def serves(self, resource: Resource) -> bool:
         """Whether the cluster serves this resource's group and version (discovery)."""

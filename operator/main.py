@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import click
 import kopf
+from prometheus_client import CollectorRegistry
 
+from carpool.operator.defaults import Defaults
 from carpool.operator.handlers import register
-from carpool.operator.reconcile import OperatorConfig
-from carpool.operator.render import DEFAULT_IMAGE
+from carpool.operator.metrics import OperatorMetrics, serving
+from carpool.operator.options import default_options, defaults_from
+
+
+async def _operate(
+    registry: kopf.OperatorRegistry,
+    metrics: OperatorMetrics,
+    defaults: Defaults,
+    *,
+    metrics_address: tuple[str, int] | None,
+    standalone: bool,
+    namespaces: tuple[str, ...],
+    liveness: str,
+) -> None:
+    """kopf, with the metrics server started before it and stopped after it."""
+    async with contextlib.AsyncExitStack() as stack:
+        if metrics_address is not None:
+            host, port = metrics_address
+            try:
+                await stack.enter_async_context(serving(metrics.registry, host, port))
+            except OSError as error:
+                message = f"--metrics-port {port}: cannot listen on {host}: {error.strerror}"
+                raise click.ClickException(message) from error
+        await kopf.operator(
+            registry=registry,
+            standalone=standalone,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=liveness or None,
+            memo=kopf.Memo(defaults=defaults, metrics=metrics),
+        )
 
 
 @click.command()
@@ -25,18 +59,27 @@ from carpool.operator.render import DEFAULT_IMAGE
     help="The liveness endpoint; an empty value turns it off.",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    envvar="CARPOOL_METRICS_PORT",
+    default=8080,
+    show_default=True,
+    help="The port of the operator's Prometheus /metrics; 0 turns it off.",
+)
+@click.option(
+    "--metrics-host",
+    envvar="CARPOOL_METRICS_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address /metrics listens on (0.0.0.0 in a pod, for Prometheus).",
+)
+@click.option(
     "--standalone/--peering",
     default=True,
     show_default=True,
     help="Run without kopf peering (the operator runs as a single replica).",
 )
-@click.option(
-    "--default-image",
-    envvar="CARPOOL_DEFAULT_IMAGE",
-    default=DEFAULT_IMAGE,
-    show_default=True,
-    help="The image for BatchedModels that name none.",
-)
+@default_options
 @click.option(
     "--resync-seconds",
     type=click.FloatRange(min=0.1),
@@ -46,24 +89,33 @@ from carpool.operator.render import DEFAULT_IMAGE
     help="How often every BatchedModel is compared with its children even without events.",
 )
 @click.option("--verbose", is_flag=True, help="Log kopf's debug messages.")
+@click.pass_context
 def command(
+    context: click.Context,
     namespaces: tuple[str, ...],
     liveness: str,
+    metrics_port: int,
+    metrics_host: str,
     standalone: bool,
-    default_image: str,
     resync_seconds: float,
     verbose: bool,
 ) -> None:
     """Run the BatchedModel operator."""
+    # Every setting is checked before kopf starts: a bad one stops the operator at once.
+    defaults = defaults_from(context)
     kopf.configure(verbose=verbose)
     registry = kopf.OperatorRegistry()
     register(registry, resync_seconds)
-    config = OperatorConfig(default_image=default_image)
-    kopf.run(
-        registry=registry,
+    metrics = OperatorMetrics(CollectorRegistry())
+    operate = _operate(
+        registry,
+        metrics,
+        defaults,
+        metrics_address=(metrics_host, metrics_port) if metrics_port else None,
         standalone=standalone,
-        clusterwide=not namespaces,
         namespaces=namespaces,
-        liveness_endpoint=liveness or None,
-        memo=kopf.Memo(config=config),
+        liveness=liveness,
     )
+    # kopf stops on SIGINT/SIGTERM by itself; a cancellation at that point is no error.
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(operate)

@@ -5,34 +5,33 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
 
+from carpool.operator.defaults import Defaults
 from carpool.operator.diff import contains
 from carpool.operator.kube import RESOURCES, ApiError, KubeClient
+from carpool.operator.metrics import OperatorMetrics
 from carpool.operator.render import render_spec, service_url
 from carpool.operator.spec import ModelSpec, SpecError, parse
-from carpool.operator.status import desired_status, merge_conditions, observe
+from carpool.operator.status import Observation, desired_status, merge_conditions, observe
 from carpool.operator.types import Manifest
 
 # Kinds rendered only under some specs; an owned leftover of these is deleted.
 OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitor")
 
 
-@dataclass(frozen=True)
-class OperatorConfig:
-    default_image: str
-
-
 @dataclass
 class Runtime:
     """What the handlers share, kept in kopf's memo."""
 
-    config: OperatorConfig
-    kube: KubeClient = field(default_factory=KubeClient)
+    defaults: Defaults
+    metrics: OperatorMetrics
+    kube: KubeClient
     # One reconcile per object at a time: a BatchedModel's own handlers and its children's
     # events may fire together, and two concurrent creates would collide.
     locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
@@ -90,8 +89,9 @@ async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
 
 
 async def _status(
-    kube: KubeClient, body: Manifest, spec: ModelSpec | None, error: SpecError | None
-) -> None:
+    kube: KubeClient, body: Manifest, applied: ModelSpec | None, error: SpecError | None
+) -> Observation:
+    """Write the status if it changed; `applied` is the spec whose children were applied."""
     metadata = body["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
     generation = int(metadata.get("generation", 0))
@@ -106,10 +106,14 @@ async def _status(
         generation,
         datetime.datetime.now(datetime.UTC),
     )
-    url = service_url(spec) if spec is not None else str(current.get("url", ""))
-    wanted = desired_status(observation, conditions, generation=generation, url=url)
+    url = service_url(applied) if applied is not None else str(current.get("url", ""))
+    # The settings the sidecars run with: those of the last spec that was applied.
+    batching = applied.batching.as_file() if applied is not None else None
+    wanted = desired_status(
+        observation, conditions, generation=generation, url=url, batching=batching
+    )
     if all(current.get(key) == value for key, value in wanted.items()):
-        return
+        return observation
     await kube.merge_patch(
         "BatchedModel", namespace, name, {"status": wanted}, subresource="status"
     )
@@ -121,30 +125,56 @@ async def _status(
         message = f"{condition.type}: {condition.message}"
         warning = unwelcome and condition.type != "Progressing"
         _event(body, condition.reason, message, warning=warning)
+    return observation
+
+
+async def _converge(
+    runtime: Runtime, namespace: str, name: str, logger: kopf.Logger
+) -> Observation | None:
+    """One pass over one BatchedModel; None when it is gone or going."""
+    kube = runtime.kube
+    try:
+        body = await kube.get("BatchedModel", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None  # garbage collection removes the children
+        applied: ModelSpec | None = None
+        error: SpecError | None = None
+        try:
+            spec = parse(body, defaults=runtime.defaults)
+            await _children(kube, body, spec)
+            applied = spec
+        except SpecError as problem:
+            # Retrying cannot fix a spec; the status (and one event) say what is wrong until
+            # it changes, so each resync need not repeat it above debug level.
+            logger.debug(f"cannot realise {namespace}/{name}: {problem.message}")
+            error = problem
+        except ApiError as problem:
+            if problem.transient:
+                raise
+            error = SpecError("Rejected", f"the API server refused a child: {problem.message}")
+        return await _status(kube, body, applied, error)
+    except ApiError as problem:
+        raise _retry(problem) from problem
+
+
+def _condition(observation: Observation, kind: str) -> bool:
+    return any(item.status for item in observation.conditions if item.type == kind)
 
 
 async def reconcile(runtime: Runtime, namespace: str, name: str, logger: kopf.Logger) -> None:
     """Level-triggered: read the BatchedModel afresh, then fix its children and status."""
-    kube = runtime.kube
+    metrics = runtime.metrics
     async with runtime.locks[namespace, name]:
+        started = time.monotonic()
         try:
-            body = await kube.get("BatchedModel", namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return  # gone or going: garbage collection removes the children
-            spec: ModelSpec | None = None
-            error: SpecError | None = None
-            try:
-                spec = parse(body, default_image=runtime.config.default_image)
-                await _children(kube, body, spec)
-            except SpecError as problem:
-                # Retrying cannot fix a spec; the status (and one event) say what is wrong until
-                # it changes, so each resync need not repeat it above debug level.
-                logger.debug(f"cannot realise {namespace}/{name}: {problem.message}")
-                error = problem
-            except ApiError as problem:
-                if problem.transient:
-                    raise
-                error = SpecError("Rejected", f"the API server refused a child: {problem.message}")
-            await _status(kube, body, spec, error)
-        except ApiError as problem:
-            raise _retry(problem) from problem
+            observation = await _converge(runtime, namespace, name, logger)
+        except Exception:
+            metrics.reconciled("error", time.monotonic() - started)
+            raise
+        if observation is None:
+            metrics.forget(namespace, name)
+            result = "success"
+        else:
+            metrics.saw(namespace, name, ready=_condition(observation, "Ready"))
+            result = "degraded" if _condition(observation, "Degraded") else "success"
+        metrics.reconciled(result, time.monotonic() - started)

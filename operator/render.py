@@ -10,10 +10,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+# DEFAULT_IMAGE: re-exported, the image a model gets when neither it nor the operator names one.
+from carpool.operator.defaults import DEFAULT_IMAGE as DEFAULT_IMAGE
+from carpool.operator.defaults import Defaults
 from carpool.operator.spec import ModelSpec, parse
 from carpool.operator.types import Manifest
 
-DEFAULT_IMAGE = "ghcr.io/carpool-dev/carpool:0.1.0"
 GROUP = "carpool.dev"
 VERSION = "v1alpha1"
 KIND = "BatchedModel"
@@ -23,7 +25,12 @@ SOCKET_DIR = "/run/carpool"
 SOCKET_PATH = f"{SOCKET_DIR}/model.sock"
 CONFIG_DIR = "/etc/carpool"
 CONFIG_KEY = "batching.json"
-TERMINATION_GRACE_S = 45
+# After SIGTERM the sidecar sends what it queued for up to DRAIN_S; the model server serves
+# while those batches come (at most as long), then finishes the batch in flight. The kubelet
+# waits the grace period before SIGKILL: the drain plus a margin for the last batch and exit.
+DRAIN_S = 30
+SHUTDOWN_MARGIN_S = 15
+TERMINATION_GRACE_S = DRAIN_S + SHUTDOWN_MARGIN_S
 SIDECAR_PORT = 8080
 METRICS_PORT = 9091
 RUN_AS = 65532
@@ -90,6 +97,7 @@ def _model_server(spec: ModelSpec) -> Manifest:
         "--metrics-host", "0.0.0.0",
         "--device", spec.device,
         "--dtype", spec.dtype,
+        "--drain-seconds", str(DRAIN_S),
     ]  # fmt: skip
     if spec.model_path:
         command += ["--model-path", spec.model_path]
@@ -154,6 +162,8 @@ def _sidecar(spec: ModelSpec) -> Manifest:
             "0.0.0.0",
             "--port",
             str(SIDECAR_PORT),
+            "--drain-seconds",
+            str(DRAIN_S),
             "--config-file",
             f"{CONFIG_DIR}/{CONFIG_KEY}",
         ],
@@ -220,8 +230,6 @@ def _pod_spec(spec: ModelSpec) -> Manifest:
         },
         # The pods serve a model; they never talk to the Kubernetes API.
         "automountServiceAccountToken": False,
-        # Both containers drain after SIGTERM (the sidecar for up to 30 s, the model server
-        # while batches still come): leave them that long before SIGKILL.
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [_model_server(spec), _sidecar(spec)],
         "volumes": _volumes(spec),
@@ -353,7 +361,12 @@ def render_spec(spec: ModelSpec, *, podmonitor_api: bool) -> list[Manifest]:
 
 
 def render(
-    body: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE, podmonitor_api: bool = False
+    body: Mapping[str, Any], *, defaults: Defaults | None = None, podmonitor_api: bool = False
 ) -> list[Manifest]:
-    """The children of one BatchedModel; raises SpecError for a spec that cannot be realised."""
-    return render_spec(parse(body, default_image=default_image), podmonitor_api=podmonitor_api)
+    """The children of one BatchedModel; raises SpecError for a spec that cannot be realised.
+
+    `defaults` fill what the spec leaves out (the operator's, e.g. set by the chart); None
+    means the built-in ones.
+    """
+    spec = parse(body, defaults=defaults or Defaults())
+    return render_spec(spec, podmonitor_api=podmonitor_api)

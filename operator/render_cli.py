@@ -7,7 +7,8 @@ from typing import IO
 import click
 import yaml
 
-from carpool.operator.render import DEFAULT_IMAGE, KIND, render
+from carpool.operator.options import default_options, defaults_from
+from carpool.operator.render import KIND, render
 from carpool.operator.spec import SpecError
 
 
@@ -20,27 +21,27 @@ from carpool.operator.spec import SpecError
     required=True,
     help="A YAML file (or - for stdin) with one or more BatchedModel objects.",
 )
-@click.option(
-    "--default-image",
-    envvar="CARPOOL_DEFAULT_IMAGE",
-    default=DEFAULT_IMAGE,
-    show_default=True,
-    help="The image used where a BatchedModel names none.",
-)
+@default_options
 @click.option(
     "--podmonitor/--no-podmonitor",
     default=False,
     show_default=True,
     help="Whether the cluster serves monitoring.coreos.com (PodMonitor).",
 )
-def command(source: IO[str], default_image: str, podmonitor: bool) -> None:
-    """Print the manifests the operator would create for each BatchedModel in a file."""
+@click.pass_context
+def command(context: click.Context, source: IO[str], podmonitor: bool) -> None:
+    """Print the manifests the operator would create for each BatchedModel in a file.
+
+    The --default-* options (and CARPOOL_DEFAULT_* variables) are the operator's: pass the
+    ones your operator runs with to see what it renders.
+    """
+    defaults = defaults_from(context)
     manifests = []
     for document in yaml.safe_load_all(source):
         if not isinstance(document, dict) or document.get("kind") != KIND:
             continue
         try:
-            manifests += render(document, default_image=default_image, podmonitor_api=podmonitor)
+            manifests += render(document, defaults=defaults, podmonitor_api=podmonitor)
         except SpecError as error:
             name = document.get("metadata", {}).get("name", "?")
             raise click.ClickException(f"{name}: {error.reason}: {error.message}") from error

@@ -1,7 +1,9 @@
-"""The BatchedModel spec as typed values, with the CRD's defaults applied.
+"""The BatchedModel spec as typed values, with defaults applied.
 
-The API server applies the CRD's defaults, but `carpool render -f` reads files that never met
-one, so the same defaults live here too (a test keeps both in step).
+Structural defaults (replicas, resources, service, ...) are the CRD's: the API server applies
+them, and `carpool render -f` reads files that never met one, so the same values live here too
+(a test keeps both in step). `spec.batching` and the images have no CRD default: what a spec
+leaves out comes from the operator's `Defaults`, which the chart may set.
 """
 
 from __future__ import annotations
@@ -11,17 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from carpool.operator.batching import Batching
+from carpool.operator.defaults import Defaults, is_image
 from carpool.operator.types import Manifest
 
 BUILTIN_HANDLERS = ("toy", "torchscript", "text-embedding")
 _HANDLER_CLASS = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-)
-# [registry[:port]/]path[:tag][@digest], lower-case path components (distribution's grammar).
-_IMAGE = re.compile(
-    r"^(?:(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?/|[a-zA-Z0-9-]+:[0-9]+/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 
 
@@ -43,29 +41,6 @@ class Weights:
     url: str = ""
     file_name: str = "model.pt"
     fetcher_image: str = "curlimages/curl:8.11.1"
-
-
-@dataclass(frozen=True)
-class Batching:
-    max_batch_size: int = 32
-    max_wait_ms: int = 5
-    max_inflight_batches: int = 2
-    max_queue_items: int = 1024
-    timeout_ms: int = 30000
-    dispatch: str = "adaptive"
-    max_batch_tokens: int = 0
-
-    def as_file(self) -> dict[str, int | str]:
-        """The keys of docs/architecture.md's batching.json."""
-        return {
-            "maxBatchSize": self.max_batch_size,
-            "maxWaitMs": self.max_wait_ms,
-            "maxInflightBatches": self.max_inflight_batches,
-            "maxQueueItems": self.max_queue_items,
-            "timeoutMs": self.timeout_ms,
-            "dispatch": self.dispatch,
-            "maxBatchTokens": self.max_batch_tokens,
-        }
 
 
 @dataclass(frozen=True)
@@ -150,11 +125,11 @@ def _check_handler(handler: str) -> None:
 
 
 def _check_image(key: str, image: str) -> None:
-    if not _IMAGE.match(image):
+    if not is_image(image):
         raise SpecError("InvalidImage", f"{key} {image!r} is not a valid image reference")
 
 
-def parse(body: Mapping[str, Any], *, default_image: str) -> ModelSpec:
+def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
     """Read a BatchedModel object; raise SpecError for what the schema cannot catch."""
     metadata = _section(body, "metadata")
     spec = _section(body, "spec")
@@ -168,9 +143,9 @@ def parse(body: Mapping[str, Any], *, default_image: str) -> ModelSpec:
 
     handler = str(model.get("handler", ""))
     _check_handler(handler)
-    image = str(model.get("image") or default_image)
+    image = str(model.get("image") or defaults.image)
     _check_image("spec.model.image", image)
-    sidecar_image = str(sidecar.get("image") or image)
+    sidecar_image = str(sidecar.get("image") or defaults.sidecar_image or image)
     _check_image("spec.sidecar.image", sidecar_image)
     weights = _weights(model)
     if weights.kind == "uri":
@@ -200,15 +175,7 @@ def parse(body: Mapping[str, Any], *, default_image: str) -> ModelSpec:
         priority_class_name=str(spec.get("priorityClassName", "")),
         image_pull_secrets=tuple(str(s["name"]) for s in spec.get("imagePullSecrets", [])),
         service_account_name=str(spec.get("serviceAccountName", "")),
-        batching=Batching(
-            max_batch_size=int(batching.get("maxBatchSize", 32)),
-            max_wait_ms=int(batching.get("maxWaitMs", 5)),
-            max_inflight_batches=int(batching.get("maxInflightBatches", 2)),
-            max_queue_items=int(batching.get("maxQueueItems", 1024)),
-            timeout_ms=int(batching.get("timeoutMs", 30000)),
-            dispatch=str(batching.get("dispatch", "adaptive")),
-            max_batch_tokens=int(batching.get("maxBatchTokens", 0)),
-        ),
+        batching=defaults.batching.overlay(batching),
         sidecar_image=sidecar_image,
         sidecar_cpu=str(sidecar_resources.get("cpu", "500m")),
         sidecar_memory=str(sidecar_resources.get("memory", "256Mi")),

@@ -118,8 +118,10 @@ def desired_status(
     *,
     generation: int,
     url: str,
+    batching: Mapping[str, int | str] | None,
 ) -> Manifest:
-    return {
+    """The status to write; `batching` None leaves `status.batching` as it is."""
+    status: Manifest = {
         "observedGeneration": generation,
         "replicas": observation.desired,
         "readyReplicas": observation.ready,
@@ -127,3 +129,6 @@ def desired_status(
         "url": url,
         "conditions": conditions,
     }
+    if batching is not None:
+        status["batching"] = dict(batching)
+    return status

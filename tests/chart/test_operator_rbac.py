@@ -10,19 +10,16 @@ logged request is mapped to the RBAC (group, resource, verb) it needs.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chart.chart_operator import run_chart_operator
 from chart.rendering import CHART, NAMESPACE, RELEASE, REPO, helm, one, render
 from support.kube_api import Kind, ServedKubeApi, parse_target
-from support.kube_cluster import Cluster, free_port
+from support.kube_cluster import Cluster
 
 MODELS = "models"
 # Requests of these clients are the test's own, not the operator's.
@@ -74,32 +71,12 @@ def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permiss
     return used
 
 
-def operator_process(kubeconfig: Path) -> tuple[list[str], dict[str, str], int]:
-    """The chart's command, args and env, with the liveness endpoint on a free local port."""
-    deployment = one(render(), "Deployment")
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    port = free_port()
-    args = [
-        f"--liveness=http://127.0.0.1:{port}/healthz" if arg.startswith("--liveness") else arg
-        for arg in container["args"]
-    ]
-    assert container["command"] == ["carpool", "operator"]
-    env = {item["name"]: item["value"] for item in container["env"]}
-    env.update(CARPOOL_RESYNC_SECONDS="1", KUBECONFIG=str(kubeconfig), PYTHONSAFEPATH="1")
-    return [sys.executable, "-m", "carpool", "operator", *args], {**os.environ, **env}, port
-
-
 def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_path: Path) -> None:
     helm(
         "install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
         "--kubeconfig", str(cluster.kubeconfig),
     )  # fmt: skip
-    command, env, port = operator_process(cluster.kubeconfig)
-    log = tmp_path / "operator.log"
-    with log.open("wb") as output:
-        operator = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
-    try:
-        cluster.wait_for("the operator's liveness", lambda: _live(port, operator, log))
+    with run_chart_operator(render(), cluster, tmp_path / "operator.log"):
         model = yaml.safe_load((REPO / "examples" / "autoscaled.yaml").read_text())
         model["metadata"]["namespace"] = MODELS
         model["spec"]["monitoring"] = {"podMonitor": True}
@@ -128,15 +105,6 @@ def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_pa
             cluster.wait_gone(kind, "toy")
         cluster.kubectl("delete", "batchedmodel", "toy", "--wait=false")
         cluster.wait_gone("batchedmodel", "toy")
-    except AssertionError as error:
-        raise AssertionError(f"{error}\noperator log:\n{log.read_text()[-3000:]}") from error
-    finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait(timeout=15)
 
     used = used_by_operator(cluster)
     granted = granted_by_chart() - ADMISSION_ONLY
@@ -146,13 +114,3 @@ def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_pa
 
 def _repaired(child: dict[str, Any]) -> bool:
     return bool(child["metadata"]["labels"][COMPONENT] == "model")
-
-
-def _live(port: int, operator: subprocess.Popen[bytes], log: Path) -> bool:
-    if operator.poll() is not None:
-        raise AssertionError(f"the operator exited:\n{log.read_text()[-3000:]}")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-            return True
-    except OSError:
-        return False

@@ -6,10 +6,14 @@ import json
 import re
 from pathlib import Path
 
+import click
 import kubernetes_validate
 import pytest
 import yaml
 from chart.rendering import CHART, NAMESPACE, REPO, VARIANTS, Manifest, by_kind, helm, one, render
+
+from carpool.operator.batching import Batching
+from carpool.operator.defaults import Defaults
 
 KUBERNETES_VERSION = "1.35"
 # Kinds outside core Kubernetes: no schema in kubernetes-validate. Checked by hand below.
@@ -93,6 +97,10 @@ def test_operator_runs_one_replica_with_liveness_probe() -> None:
     assert probe["path"] == "/healthz"
     (port,) = [p for p in container["ports"] if p["name"] == probe["port"]]
     assert port["containerPort"] == 8081
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8081, "metrics": 8080}
+    assert "--metrics-port=8080" in container["args"]
+    assert "--metrics-host=0.0.0.0" in container["args"]  # Prometheus scrapes the pod IP
     assert "readinessProbe" not in container
     assert container["resources"]["limits"] and container["resources"]["requests"]
 
@@ -112,6 +120,7 @@ def test_batching_defaults_and_images_reach_the_operator_as_env() -> None:
     assert env["CARPOOL_DEFAULT_MAX_INFLIGHT_BATCHES"] == "2"
     assert env["CARPOOL_DEFAULT_MAX_QUEUE_ITEMS"] == "1024"
     assert env["CARPOOL_DEFAULT_TIMEOUT_MS"] == "30000"
+    assert env["CARPOOL_DEFAULT_MAX_BATCH_TOKENS"] == "0"
     assert env["CARPOOL_DEFAULT_DISPATCH"] == "adaptive"
 
     tuned = _env(render(sets=("defaults.maxBatchSize=64", "defaults.dispatch=fixed")))
@@ -133,6 +142,8 @@ def test_image_digest_pins_the_image() -> None:
     [
         (("defaults.dispatch=eager",), "adaptive"),
         (("defaults.maxBatchSize=0",), "maxBatchSize"),
+        (("defaults.maxWaitMs=2.5",), "maxWaitMs"),
+        (("defaults.timeoutMs=3600001",), "timeoutMs"),
         (("images.operator.pullPolicy=Sometimes",), "pullPolicy"),
         (("operator.replicas=3",), "replicas"),
     ],
@@ -229,8 +240,16 @@ def test_service_monitor_scrapes_the_operator_pod() -> None:
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
-    assert endpoint["interval"] == "30s"
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
+        "metrics",
+        "/metrics",
+        "30s",
+    )
+    # ServiceMonitor port -> Service port -> the container port the operator's /metrics uses.
+    (service_port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (target,) = [p for p in container["ports"] if p["name"] == service_port["targetPort"]]
+    assert f"--metrics-port={target['containerPort']}" in container["args"]
 
 
 def test_notes_tell_the_next_step() -> None:
@@ -243,21 +262,48 @@ def test_notes_tell_the_next_step() -> None:
     assert "kubectl delete crd batchedmodels.carpool.dev" in notes
 
 
-def test_operator_command_accepts_the_chart_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The args and env the chart gives `carpool operator` parse as the operator reads them."""
+def _operator_context(
+    manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> tuple[click.Context, Defaults]:
+    """Parse the chart's args and env as `carpool operator` does; its defaults, checked."""
     from carpool.operator.main import command
+    from carpool.operator.options import defaults_from
 
-    manifests = render(sets=("operator.verbose=true", "operator.healthPort=9000"))
     (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["carpool", "operator"]
     for name, value in _env(manifests).items():
         monkeypatch.setenv(name, value)
     context = command.make_context("operator", list(container["args"]))
+    return context, defaults_from(context)
+
+
+def test_operator_command_accepts_the_chart_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The args and env the chart gives `carpool operator` parse as the operator reads them."""
+    manifests = render(sets=("operator.verbose=true", "operator.healthPort=9000"))
+    context, defaults = _operator_context(manifests, monkeypatch)
     assert context.params["liveness"] == "http://0.0.0.0:9000/healthz"
+    assert context.params["metrics_port"] == 8080
+    assert context.params["metrics_host"] == "0.0.0.0"
     assert context.params["verbose"] is True
     assert context.params["standalone"] is True
-    assert context.params["default_image"] == "ghcr.io/carpool-dev/carpool:0.1.0"
     assert context.params["resync_seconds"] == 60.0
+    assert defaults == Defaults(
+        image="ghcr.io/carpool-dev/carpool:0.1.0",
+        sidecar_image="ghcr.io/carpool-dev/carpool:0.1.0",
+        batching=Batching(),  # the chart's defaults are the operator's built-in ones
+    )
+
+
+@pytest.mark.parametrize("values", VARIANT_FILES, ids=VARIANT_IDS)
+def test_every_variant_gives_the_operator_valid_defaults(
+    values: tuple[Path, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's schema admits no default the operator would refuse to start with."""
+    chart_values = yaml.safe_load((CHART / "values.yaml").read_text())["defaults"]
+    for path in values:
+        chart_values.update(yaml.safe_load(path.read_text()).get("defaults", {}))
+    _, defaults = _operator_context(render(*values), monkeypatch)
+    assert defaults.batching.as_file() == chart_values
 
 
 def test_packaged_chart_carries_the_crd_and_dashboard(tmp_path: Path) -> None:

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 from support.kube_api import ServedKubeApi
-from support.kube_cluster import CRD, Cluster, run_operator
+from support.kube_cluster import CRD, Cluster, free_port, run_operator
+
+
+@pytest.fixture(scope="module")
+def operator_metrics_port() -> int:
+    """The local port of the module's operator's /metrics."""
+    return free_port()
 
 
 @pytest.fixture(
@@ -21,7 +27,9 @@ from support.kube_cluster import CRD, Cluster, run_operator
     params=["emulator", pytest.param("real", marks=pytest.mark.e2e_cluster)],
 )
 def cluster(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    operator_metrics_port: int,
 ) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("kube")
     if request.param == "emulator":
@@ -29,7 +37,8 @@ def cluster(
             kubeconfig = served.write_kubeconfig(folder / "kubeconfig")
             test_cluster = Cluster(kubeconfig, "default", served.api)
             test_cluster.kubectl("apply", "-f", str(CRD))
-            with run_operator(kubeconfig, "default", folder / "operator.log"):
+            log = folder / "operator.log"
+            with run_operator(kubeconfig, "default", log, metrics_port=operator_metrics_port):
                 yield test_cluster
         return
     configured = os.environ.get("CARPOOL_E2E_KUBECONFIG")
@@ -43,7 +52,8 @@ def cluster(
     )
     test_cluster.kubectl("create", "namespace", namespace)
     try:
-        with run_operator(Path(configured), namespace, folder / "operator.log"):
+        log = folder / "operator.log"
+        with run_operator(Path(configured), namespace, log, metrics_port=operator_metrics_port):
             yield test_cluster
     finally:
         test_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from support.kube_schema import apply_defaults, validate
 
+from carpool.operator.batching import DISPATCH_MODES, KNOBS, Batching
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "batchedmodels.carpool.dev.yaml").read_text())
 VERSION = CRD["spec"]["versions"][0]
@@ -48,9 +50,10 @@ def test_every_spec_field_is_described_and_bounded() -> None:
 
 def test_every_status_field_is_declared() -> None:
     status = SCHEMA["properties"]["status"]["properties"]
-    assert {"observedGeneration", "replicas", "readyReplicas", "replicasReady", "url"} <= set(
-        status
-    )
+    assert {
+        "observedGeneration", "replicas", "readyReplicas", "replicasReady", "url", "batching",
+    } <= set(status)  # fmt: skip
+    assert set(status["batching"]["properties"]) == set(Batching().as_file())
     condition = status["conditions"]["items"]["properties"]
     assert set(condition) == {
         "type", "status", "reason", "message", "observedGeneration", "lastTransitionTime",
@@ -62,11 +65,33 @@ def test_printer_columns() -> None:
     assert columns == {
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Replicas": ".status.replicasReady",
-        "MaxBatch": ".spec.batching.maxBatchSize",
-        "MaxWait": ".spec.batching.maxWaitMs",
+        # The values in use, which the operator's defaults fill in where the spec has none.
+        "MaxBatch": ".status.batching.maxBatchSize",
+        "MaxWait": ".status.batching.maxWaitMs",
         "URL": ".status.url",
         "Age": ".metadata.creationTimestamp",
     }
+
+
+def test_batching_is_left_to_the_operator_defaults() -> None:
+    """No server-side default, or the operator's (the chart's) defaults would never apply."""
+    batching = SCHEMA["properties"]["spec"]["properties"]["batching"]
+    assert "default" not in batching
+    body = apply_defaults({"spec": {"model": {"handler": "toy"}}}, SCHEMA)
+    assert "batching" not in body["spec"]
+    built_in = Batching().as_file()
+    for key, field in batching["properties"].items():
+        assert "default" not in field, key
+        unset = f"Unset: the operator's default, {built_in[key]} unless the chart sets "
+        assert unset + f"defaults.{key}." in field["description"], key
+    bounds = {knob.key: (knob.minimum, knob.maximum) for knob in KNOBS}
+    schema_bounds = {
+        key: (field["minimum"], field["maximum"])
+        for key, field in batching["properties"].items()
+        if field["type"] == "integer"
+    }
+    assert schema_bounds == bounds  # the operator checks its own defaults against these
+    assert tuple(batching["properties"]["dispatch"]["enum"]) == DISPATCH_MODES
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from support.kube_api import Kind
 from support.kube_cluster import OPERATOR_AGENT, Cluster
 
@@ -123,7 +125,14 @@ def test_apply_creates_owned_children(cluster: Cluster) -> None:
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
     assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
-    assert json.loads(config["data"]["batching.json"])["maxBatchSize"] == 8
+    settings = json.loads(config["data"]["batching.json"])
+    assert settings["maxBatchSize"] == 8
+    # The status shows what the sidecars run with: the spec over the operator's defaults.
+    reported = cluster.wait_for_object(
+        "bm", "e2e-create", lambda found: "batching" in found["status"]
+    )
+    assert reported["status"]["batching"] == settings
+    assert settings["maxWaitMs"] == 5  # the built-in default: this operator sets none
     assert cluster.get("pdb", "e2e-create") is None  # one replica: no budget
 
 
@@ -366,3 +375,53 @@ def test_podmonitor_only_where_the_api_exists(cluster: Cluster) -> None:
     monitor = cluster.wait_for_object("podmonitors.monitoring.coreos.com", "e2e-monitored")
     ports = [endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]]
     assert ports == ["http", "metrics"]
+
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]  # a metric sample's name and sorted labels
+
+
+def scrape(port: int) -> dict[Sample, float]:
+    """The operator's /metrics, by sample name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def models_seen(port: int) -> float:
+    found = scrape(port)
+    return sum(found[("carpool_operator_models", (("ready", r),))] for r in ("true", "false"))
+
+
+def models_in(cluster: Cluster) -> int:
+    listed = json.loads(cluster.kubectl("get", "bm", "-o", "json").stdout)
+    return len(listed["items"])
+
+
+def test_operator_metrics_count_its_work(cluster: Cluster, operator_metrics_port: int) -> None:
+    port = operator_metrics_port
+    applied(cluster, model("e2e-metrics"))
+    cluster.wait_for_object("deployment", "e2e-metrics")
+
+    def counted(found: dict[Sample, float]) -> bool:
+        # A counter moves just after the request it counts: wait, rather than race it.
+        wanted = [("carpool_operator_reconciles_total", (("result", "success"),))]
+        wanted += [("carpool_operator_reconcile_duration_seconds_count", ())]
+        kinds = ("ConfigMap", "Deployment", "Service", "BatchedModel")
+        wanted += [("carpool_operator_writes_total", (("kind", kind),)) for kind in kinds]
+        return all(found.get(sample, 0) > 0 for sample in wanted)
+
+    cluster.wait_for("reconciles and writes counted", lambda: counted(scrape(port)))
+
+    applied(cluster, model("e2e-metrics-bad", model={"handler": "no handler here"}))
+    degraded = ("carpool_operator_reconciles_total", (("result", "degraded"),))
+    cluster.wait_for("a degraded reconcile counted", lambda: scrape(port)[degraded] > 0)
+    cluster.kubectl("delete", "bm", "e2e-metrics-bad")
+
+    # The gauge follows the BatchedModels there are, and forgets a deleted one.
+    cluster.wait_for("every model counted", lambda: models_seen(port) == models_in(cluster))
+    cluster.kubectl("delete", "bm", "e2e-metrics")
+    cluster.wait_for("the deleted model forgotten", lambda: models_seen(port) == models_in(cluster))

@@ -12,6 +12,8 @@ import pytest
 import yaml
 from support.kube_schema import apply_defaults
 
+from carpool.operator.batching import Batching
+from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
 from carpool.operator.spec import SpecError
 
@@ -119,6 +121,7 @@ def test_pod_layout_follows_the_architecture() -> None:
         "carpool", "sidecar", "--model-name", "m",
         "--model-server", "unix:///run/carpool/model.sock",
         "--host", "0.0.0.0", "--port", "8080",
+        "--drain-seconds", "30",
         "--config-file", "/etc/carpool/batching.json",
     ]  # fmt: skip
     assert [port["containerPort"] for port in sidecar["ports"]] == [8080]
@@ -192,11 +195,60 @@ def test_weights_sources() -> None:
     assert uri["containers"][0]["command"][-2:] == ["--warmup-sizes", "1,8"]
 
 
+def test_grace_period_outlasts_both_drains() -> None:
+    """Both containers drain for the same time after SIGTERM; the kubelet waits longer."""
+    manifests = render(model())
+    pod = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]
+    drains = set()
+    for container in containers(manifests).values():
+        command = container["command"]
+        drains.add(float(command[command.index("--drain-seconds") + 1]))
+    (drain,) = drains
+    assert 0 < drain < pod["terminationGracePeriodSeconds"]
+
+
 def test_images_default_to_the_operator_image() -> None:
     images = {c["image"] for c in containers(render(model())).values()}
     assert images == {DEFAULT_IMAGE}
-    custom = containers(render(model(), default_image="registry.local/carpool:dev"))
+    custom = containers(render(model(), defaults=Defaults(image="registry.local/carpool:dev")))
     assert {c["image"] for c in custom.values()} == {"registry.local/carpool:dev"}
+
+    split = Defaults(image="registry.local/model:1", sidecar_image="registry.local/sidecar:2")
+    images_by_container = {
+        n: c["image"] for n, c in containers(render(model(), defaults=split)).items()
+    }
+    assert images_by_container == {
+        "model-server": "registry.local/model:1",
+        "sidecar": "registry.local/sidecar:2",
+    }
+    # A model's own images beat the operator's.
+    own = model(model={"handler": "toy", "image": "team/model:3"}, sidecar={"image": "team/sc:4"})
+    images_by_container = {
+        n: c["image"] for n, c in containers(render(own, defaults=split)).items()
+    }
+    assert images_by_container == {"model-server": "team/model:3", "sidecar": "team/sc:4"}
+
+
+def test_operator_batching_defaults_fill_what_the_spec_leaves_out() -> None:
+    defaults = Defaults(batching=Batching(max_batch_size=48, max_wait_ms=9, dispatch="fixed"))
+
+    def settings(body: dict[str, Any]) -> dict[str, Any]:
+        config = by_kind(render(body, defaults=defaults))["ConfigMap"]
+        loaded: dict[str, Any] = json.loads(config["data"]["batching.json"])
+        return loaded
+
+    assert settings(model()) == {
+        "maxBatchSize": 48,
+        "maxWaitMs": 9,
+        "maxInflightBatches": 2,
+        "maxQueueItems": 1024,
+        "timeoutMs": 30000,
+        "dispatch": "fixed",
+        "maxBatchTokens": 0,
+    }
+    tuned = settings(model(batching={"maxBatchSize": 8, "maxWaitMs": 0, "dispatch": "adaptive"}))
+    assert (tuned["maxBatchSize"], tuned["maxWaitMs"], tuned["dispatch"]) == (8, 0, "adaptive")
+    assert tuned["maxInflightBatches"] == 2
 
 
 @pytest.mark.parametrize(
@@ -217,7 +269,8 @@ def test_unrealisable_specs_name_a_reason(spec: dict[str, Any], reason: str) -> 
 
 
 def test_operator_defaults_match_the_crd_defaults() -> None:
-    # `carpool render` sees files without server defaults; the result must not differ.
+    # `carpool render` sees files without server defaults; the result must not differ
+    # (batching has no CRD defaults: the operator's own fill it in, the same either way).
     for body in SPECS.values():
         defaulted = apply_defaults(copy.deepcopy(body), SCHEMA)
         assert render(defaulted, podmonitor_api=True) == render(body, podmonitor_api=True)

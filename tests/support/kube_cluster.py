@@ -89,15 +89,25 @@ class Cluster:
 
 @contextlib.contextmanager
 def run_operator(
-    kubeconfig: Path, namespace: str, log: Path, *, resync_seconds: float = 1.0
+    kubeconfig: Path,
+    namespace: str,
+    log: Path,
+    *,
+    resync_seconds: float = 1.0,
+    metrics_port: int = 0,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The real operator in a subprocess; ready once its liveness endpoint answers."""
+    """The real operator in a subprocess; ready once its liveness endpoint answers.
+
+    Its /metrics listens on 127.0.0.1:`metrics_port`; 0 (the default) turns it off.
+    """
     port = free_port()
     env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONSAFEPATH="1")
     command = [
         sys.executable, "-m", "carpool", "operator", "--standalone",
         "--namespace", namespace,
         "--liveness", f"http://127.0.0.1:{port}/healthz",
+        "--metrics-host", "127.0.0.1",
+        "--metrics-port", str(metrics_port),
         "--resync-seconds", str(resync_seconds),
     ]  # fmt: skip
     with log.open("wb") as output:

@@ -1,0 +1,96 @@
+"""The operator's defaults for what a BatchedModel leaves out: images and batching settings.
+
+The chart passes them as CARPOOL_DEFAULT_* variables; `carpool operator` and `carpool render`
+also take them as --default-* flags. They are read once, at start, into one `Defaults`; a bad
+value stops the program with an error that names the variable (or flag) and the value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from carpool.operator.batching import DISPATCH_MODES, KNOBS, Batching
+
+DEFAULT_IMAGE = "ghcr.io/carpool-dev/carpool:0.1.0"
+# [registry[:port]/]path[:tag][@digest], lower-case path components (distribution's grammar).
+_IMAGE = re.compile(
+    r"^(?:(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?/|[a-zA-Z0-9-]+:[0-9]+/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+
+# Every setting by name; flag and variable names derive from it (see `flag`, `variable`).
+NAMES = ("image", "sidecar_image", *(knob.attribute for knob in KNOBS), "dispatch")
+
+
+def is_image(reference: str) -> bool:
+    return bool(_IMAGE.match(reference))
+
+
+def flag(name: str) -> str:
+    return "--default-" + name.replace("_", "-")
+
+
+def variable(name: str) -> str:
+    return "CARPOOL_DEFAULT_" + name.upper()
+
+
+class DefaultsError(ValueError):
+    """A default that cannot be used; the message names where it came from and its value."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as given: its source (a flag or variable name) and its text."""
+
+    source: str
+    text: str
+
+    def fail(self, problem: str) -> DefaultsError:
+        return DefaultsError(f"{self.source}={self.text!r}: {problem}")
+
+
+@dataclass(frozen=True)
+class Defaults:
+    image: str = DEFAULT_IMAGE
+    sidecar_image: str = ""  # empty: each model's own image
+    batching: Batching = field(default_factory=Batching)
+
+
+def _image(setting: Setting, *, allow_empty: bool) -> str:
+    text = setting.text.strip()
+    if (allow_empty and not text) or is_image(text):
+        return text
+    raise setting.fail("not a valid image reference")
+
+
+def _integer(setting: Setting, minimum: int, maximum: int) -> int:
+    text = setting.text.strip()
+    if _INTEGER.match(text) and minimum <= int(text) <= maximum:
+        return int(text)
+    raise setting.fail(f"must be an integer from {minimum} to {maximum}")
+
+
+def parse_defaults(given: Mapping[str, Setting]) -> Defaults:
+    """The defaults with each given setting (keyed by a name of NAMES) checked and applied."""
+    unknown = set(given) - set(NAMES)
+    if unknown:
+        raise ValueError(f"unknown default settings: {sorted(unknown)}")
+    defaults = Defaults()
+    batching: dict[str, int | str] = {}  # by batching.json key
+    if "image" in given:
+        defaults = replace(defaults, image=_image(given["image"], allow_empty=False))
+    if "sidecar_image" in given:
+        sidecar_image = _image(given["sidecar_image"], allow_empty=True)
+        defaults = replace(defaults, sidecar_image=sidecar_image)
+    for knob in KNOBS:
+        if knob.attribute in given:
+            batching[knob.key] = _integer(given[knob.attribute], knob.minimum, knob.maximum)
+    if "dispatch" in given:
+        batching["dispatch"] = given["dispatch"].text.strip()
+        if batching["dispatch"] not in DISPATCH_MODES:
+            raise given["dispatch"].fail(f"must be one of {', '.join(DISPATCH_MODES)}")
+    return replace(defaults, batching=defaults.batching.overlay(batching))

@@ -1,0 +1,72 @@
+"""The --default-* options shared by `carpool operator` and `carpool render`.
+
+Each option also reads its CARPOOL_DEFAULT_* variable. Click only collects the text; the
+checks live in `defaults.parse_defaults`, whose errors name the flag or the variable the bad
+value came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import click
+from click.core import ParameterSource
+
+from carpool.operator.batching import KNOBS, Batching
+from carpool.operator.defaults import (
+    DEFAULT_IMAGE,
+    NAMES,
+    Defaults,
+    DefaultsError,
+    Setting,
+    flag,
+    parse_defaults,
+    variable,
+)
+
+_META_KEY = "carpool.operator.defaults"
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _help(name: str) -> str:
+    if name == "image":
+        return f"The model image of BatchedModels that name none [default: {DEFAULT_IMAGE}]."
+    if name == "sidecar_image":
+        return "The sidecar image of BatchedModels that name none [default: the model image]."
+    key = next((knob.key for knob in KNOBS if knob.attribute == name), name)
+    built_in = getattr(Batching(), name)
+    return f"spec.batching.{key} where a BatchedModel leaves it out [default: {built_in}]."
+
+
+def _collect(context: click.Context, parameter: click.Parameter, value: str | None) -> None:
+    if value is None or parameter.name is None:
+        return
+    from_env = context.get_parameter_source(parameter.name) == ParameterSource.ENVIRONMENT
+    source = variable(parameter.name) if from_env else flag(parameter.name)
+    context.meta.setdefault(_META_KEY, {})[parameter.name] = Setting(source, value)
+
+
+def default_options(command: F) -> F:
+    """Add every --default-* option to a click command; read them with `defaults_from`."""
+    for name in reversed(NAMES):
+        option = click.option(
+            flag(name),
+            name,
+            envvar=variable(name),
+            default=None,
+            metavar="IMAGE" if name.endswith("image") else "VALUE",
+            help=_help(name),
+            expose_value=False,
+            callback=_collect,
+        )
+        command = option(command)
+    return command
+
+
+def defaults_from(context: click.Context) -> Defaults:
+    """The checked defaults of a command decorated with `default_options`."""
+    try:
+        return parse_defaults(context.meta.get(_META_KEY, {}))
+    except DefaultsError as error:
+        raise click.UsageError(str(error), context) from error
