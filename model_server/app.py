@@ -49,11 +49,18 @@ async def batch(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    # A failed device stays failed: only a restart of the process, by the kubelet, helps.
+    failure = request.app[SERVICE].runner.failure
+    if failure is not None:
+        return web.json_response({"status": "failed", "error": failure}, status=500)
     return web.json_response({"status": "alive"})
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if not request.app[SERVICE].ready:
+    service = request.app[SERVICE]
+    if service.runner.failure is not None:
+        return web.json_response({"status": "failed", "error": service.runner.failure}, status=503)
+    if not service.ready:
         return web.json_response({"status": "loading"}, status=503)
     return web.json_response({"status": "ready"})
 
@@ -64,7 +71,8 @@ async def metadata(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    service.runner.metrics.observe_gpu(service.runner.device)
+    if service.runner.failure is None:  # a failed device is not queried again
+        service.runner.metrics.observe_gpu(service.runner.device)
     body = generate_latest(service.runner.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -9,6 +9,8 @@ from carpool.model_server.handler import HandlerSettings, load_handler_class
 from carpool.model_server.metrics import ModelMetrics
 from carpool.model_server.runner import Runner
 from carpool.model_server.service import ModelService
+from carpool.model_server.warmup import zeros_item
+from carpool.model_server.wire import Item
 
 
 def build_service(config: Config) -> ModelService:
@@ -18,7 +20,14 @@ def build_service(config: Config) -> ModelService:
         handler_class = load_handler_class(config.handler)
     except (ImportError, ValueError) as error:
         raise ConfigError(key_name("handler"), config.handler, str(error)) from error
+    warmup_item: Item | None = None
+    if config.example_shape is not None:
+        try:
+            warmup_item = zeros_item(handler_class.metadata, config.example_shape)
+        except ValueError as error:
+            shape = ",".join(map(str, config.example_shape))
+            raise ConfigError(key_name("example_shape"), shape, str(error)) from error
     handler = handler_class(HandlerSettings(config.model_path, dtype, config.max_batch_size))
     metrics = ModelMetrics.create(config.model_name)
-    runner = Runner(handler, device, metrics, config.max_batch_size)
+    runner = Runner(handler, device, metrics, config.max_batch_size, warmup_item)
     return ModelService(config.model_name, runner)

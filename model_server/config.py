@@ -33,6 +33,7 @@ class Config:
     max_batch_size: int
     torch_threads: int | None
     warmup_sizes: tuple[int, ...]
+    example_shape: tuple[int, ...] | None
     drain_seconds: int
 
 
@@ -93,6 +94,7 @@ def parse(raw: Mapping[str, str | None]) -> Config:
         max_batch_size=max_batch_size,
         torch_threads=integer("torch_threads", 1),
         warmup_sizes=_warmup_sizes(text("warmup_sizes"), max_batch_size),
+        example_shape=_example_shape(text("example_shape")),
         drain_seconds=_or_default(integer("drain_seconds", 0), DEFAULT_DRAIN_SECONDS),
     )
 
@@ -102,7 +104,8 @@ def _or_default(value: int | None, default: int) -> int:
 
 
 def _warmup_sizes(value: str | None, max_batch_size: int) -> tuple[int, ...]:
-    """Powers of two up to the max batch size by default; "" or "none" turns warm-up off."""
+    """Powers of two up to the max batch size when unset (or empty, like every other option);
+    "none" turns warm-up off."""
     if value is None:
         sizes = [1]
         while sizes[-1] * 2 <= max_batch_size:
@@ -118,6 +121,23 @@ def _warmup_sizes(value: str | None, max_batch_size: int) -> tuple[int, ...]:
         raise ConfigError(
             key_name("warmup_sizes"), value, "must be comma-separated integers"
         ) from None
+    if not sizes:
+        raise ConfigError(key_name("warmup_sizes"), value, "give batch sizes, or none")
     if any(size < 1 or size > max_batch_size for size in sizes):
         raise ConfigError(key_name("warmup_sizes"), value, f"sizes must lie in 1..{max_batch_size}")
     return tuple(sorted(set(sizes)))
+
+
+def _example_shape(value: str | None) -> tuple[int, ...] | None:
+    """The per-item shape of warm-up inputs, e.g. "3,224,224"; None when unset."""
+    if value is None:
+        return None
+    try:
+        shape = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise ConfigError(
+            key_name("example_shape"), value, "must be comma-separated integers, e.g. 3,224,224"
+        ) from None
+    if any(dim < 1 for dim in shape):
+        raise ConfigError(key_name("example_shape"), value, "every dimension must be at least 1")
+    return shape

@@ -25,6 +25,16 @@ class NotReady(ServerError):
     status = 503
 
 
+class DeviceFailed(ServerError):
+    """The device failed in a way no retry fixes (e.g. a poisoned CUDA context).
+
+    Every batch from then on is refused and `/healthz` fails, so the kubelet restarts the
+    container: only a new process gets a usable device.
+    """
+
+    status = 503
+
+
 class InvalidItem(ValueError):
     """One item a handler refuses; its neighbours in the batch still run."""
 

@@ -48,6 +48,11 @@ OPTIONS: tuple[tuple[str, str], ...] = (
     ("torch_threads", "torch intra-op threads; dominates CPU throughput"),
     ("warmup_sizes", "comma-separated batch sizes run before ready, or none (default 1,2,4..max)"),
     (
+        "example_shape",
+        "per-item input shape, e.g. 3,224,224: warm up with zeros of it "
+        "(for handlers without an example item, such as torchscript)",
+    ),
+    (
         "drain_seconds",
         "after SIGTERM, keep serving while batches still arrive, at most this long "
         f"(default {config_module.DEFAULT_DRAIN_SECONDS})",

@@ -4,7 +4,8 @@ All torch work (load, warm-up, every batch) happens on that one thread, so the e
 keeps answering health checks and the model never sees two batches at once. Failures are
 isolated per item here: invalid items are answered 400 while their neighbours run; a batch
 whose forward pass raises is split in halves and retried until only the failing items
-remain, which are answered 500.
+remain, which are answered 500. An error that poisons the device (`fatal.is_fatal`) is not
+bisected: it fails the batch and every later one with `DeviceFailed`, until a restart.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
-from carpool.model_server.errors import InferError, InvalidItem
+from carpool.model_server.errors import DeviceFailed, InferError, InvalidItem
+from carpool.model_server.fatal import is_fatal
 from carpool.model_server.handler import AnyHandler
 from carpool.model_server.metrics import ModelMetrics
 from carpool.model_server.wire import Item, ItemResult, Tensor
@@ -36,11 +38,16 @@ class Runner:
         device: torch.device,
         metrics: ModelMetrics,
         max_batch_size: int,
+        warmup_item: Item | None = None,
     ) -> None:
+        """`warmup_item`, when given, replaces the handler's own example item in warm-up."""
         self.handler = handler
         self.device = device
         self.metrics = metrics
         self.max_batch_size = max_batch_size
+        self._warmup_item = warmup_item
+        # Set once, on the worker thread, by the first fatal error; read by the health probe.
+        self.failure: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-infer")
 
     async def load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
@@ -48,7 +55,10 @@ class Runner:
         await self._on_worker(self._load, torch_threads, warmup_sizes)
 
     async def run(self, items: Sequence[Item]) -> list[ItemResult]:
-        """Answer every item, in order; a request above the max batch size runs as several."""
+        """Answer every item, in order; a request above the max batch size runs as several.
+
+        Raises DeviceFailed once the device is unusable.
+        """
         results: list[ItemResult] = []
         for start in range(0, len(items), self.max_batch_size):
             chunk = items[start : start + self.max_batch_size]
@@ -73,9 +83,11 @@ class Runner:
         with torch.inference_mode():
             self.handler.load(self.device)
         log.info("loaded %s in %.2fs", type(self.handler).__name__, time.monotonic() - started)
-        example = self.handler.example_item()
+        example = self._warmup_item
         if example is None:
-            log.info("handler gives no example item: warm-up skipped")
+            example = self.handler.example_item()
+        if example is None:
+            log.info("handler gives no example item and no --example-shape is set: no warm-up")
             return
         for size in warmup_sizes:
             started = time.monotonic()
@@ -87,8 +99,14 @@ class Runner:
         self.metrics.observe_gpu(self.device)
 
     def _run_measured(self, items: Sequence[Item]) -> list[ItemResult]:
+        if self.failure is not None:
+            raise DeviceFailed(f"the device failed earlier, a restart is pending: {self.failure}")
         started = time.monotonic()
-        results = self._isolate(items)
+        try:
+            results = self._isolate(items)
+        except DeviceFailed:
+            self.metrics.observe_batch(len(items), time.monotonic() - started, 0, len(items))
+            raise
         invalid = sum(r.status == InvalidItem.status for r in results if r.error is not None)
         failed = sum(r.error is not None for r in results) - invalid
         self.metrics.observe_batch(len(items), time.monotonic() - started, invalid, failed)
@@ -106,6 +124,10 @@ class Runner:
             # The handler broke its contract: retrying smaller batches would not fix it.
             return [ItemResult.failed(str(error), InferError.status)] * len(items)
         except Exception as error:
+            if is_fatal(error):
+                self.failure = f"{type(error).__name__}: {error}"
+                log.critical("the device is unusable until the process restarts", exc_info=error)
+                raise DeviceFailed(f"the device failed: {self.failure}") from error
             if len(items) > 1:
                 middle = len(items) // 2
                 return self._isolate(items[:middle]) + self._isolate(items[middle:])

@@ -26,6 +26,17 @@ def test_warmup_sizes_reach_the_max_batch_size() -> None:
     assert parse({**BASE, "max_batch_size": "12"}).warmup_sizes == (1, 2, 4, 8, 12)
     assert parse({**BASE, "warmup_sizes": "4,1,4"}).warmup_sizes == (1, 4)
     assert parse({**BASE, "warmup_sizes": "none"}).warmup_sizes == ()
+    assert parse({**BASE, "warmup_sizes": "None"}).warmup_sizes == ()
+
+
+def test_empty_warmup_sizes_mean_the_default_as_for_every_option() -> None:
+    # An empty environment variable counts as unset; only "none" turns warm-up off.
+    assert parse({**BASE, "warmup_sizes": ""}).warmup_sizes == parse(BASE).warmup_sizes
+
+
+def test_example_shape() -> None:
+    assert parse(BASE).example_shape is None
+    assert parse({**BASE, "example_shape": "3,224,224"}).example_shape == (3, 224, 224)
 
 
 @pytest.mark.parametrize(
@@ -37,6 +48,9 @@ def test_warmup_sizes_reach_the_max_batch_size() -> None:
         ({"max_batch_size": "0"}, "CARPOOL_MODEL_MAX_BATCH_SIZE", "'0'"),
         ({"torch_threads": "many"}, "--torch-threads", "'many'"),
         ({"warmup_sizes": "1,128"}, "--warmup-sizes", "'1,128'"),
+        ({"warmup_sizes": ","}, "--warmup-sizes", "','"),
+        ({"example_shape": "3x224"}, "--example-shape", "'3x224'"),
+        ({"example_shape": "3,0"}, "CARPOOL_MODEL_EXAMPLE_SHAPE", "'3,0'"),
         ({"port": "8080"}, "--socket", "carpool-test.sock"),
         ({"socket": None}, "--socket", "None"),
         ({"handler": "torchscript"}, "--model-path", "None"),
@@ -55,6 +69,7 @@ def test_errors_name_key_and_value(overrides: dict[str, str | None], key: str, v
         ({"handler": "no_such_module:Handler"}, "no_such_module"),
         ({"handler": "resnet"}, "unknown handler 'resnet'"),
         ({"handler": "carpool.model_server.config:Config"}, "not a carpool Handler"),
+        ({"handler": "text-embedding", "example_shape": "8"}, "example-shape.*BYTES"),
     ],
 )
 def test_unusable_settings_are_refused_before_serving(

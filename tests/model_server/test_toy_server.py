@@ -23,7 +23,10 @@ from support.model_server import (
     stop,
 )
 
+from carpool.model_server import wire
 from carpool.model_server.wire import ItemResult, Tensor
+
+HERE = Path(__file__).resolve().parent
 
 
 def toy_item(*values: float) -> dict[str, Tensor]:
@@ -144,6 +147,7 @@ def test_metadata_describes_the_model(server: ModelServer) -> None:
         "inputs": [{"name": "input", "datatype": "FP32", "shape": [4]}],
         "outputs": [{"name": "output", "datatype": "FP32", "shape": [4]}],
         "max_batch_size": 8,
+        "pads_variable_dims": False,
     }
 
 
@@ -264,3 +268,26 @@ def test_socket_left_by_a_killed_server_is_replaced(tmp_path: Path) -> None:
         assert first.socket is not None and first.socket.is_socket()
         with run_model_server(tmp_path, "toy", "--warmup-sizes", "1") as second:
             assert http_get(second, "/readyz")[0] == 200
+
+
+async def test_a_poisoned_device_fails_health_so_the_container_restarts(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(HERE)}  # for cuda_fault_handlers
+    with run_model_server(
+        tmp_path, "cuda_fault_handlers:PoisonedContextHandler", env=env, metrics_port=True
+    ) as server:
+        assert output_of((await post_batch(server, [toy_item(1, 1, 1, 1)]))[0]) == [3, 3, 3, 3]
+        assert http_get(server, "/healthz")[0] == 200
+        nan = float("nan")
+        status, body = await post_body(
+            server, wire.encode_request([toy_item(0, 0, 0, 0), toy_item(nan, 0, 0, 0)])
+        )
+        assert status == 503 and "device-side assert" in orjson.loads(body)["error"]
+        # The device stays unusable: clean batches are refused, liveness fails, and the
+        # sidecar sees the model server unready.
+        status, body = await post_body(server, wire.encode_request([toy_item(1, 1, 1, 1)]))
+        assert status == 503 and "restart" in orjson.loads(body)["error"]
+        assert http_get(server, "/healthz")[0] == 500
+        assert http_get(server, "/readyz")[0] == 503
+        labels = (("kind", "infer"), ("model", "cuda_fault_handlers:PoisonedContextHandler"))
+        assert metric_samples(server)[("carpool_model_errors_total", labels)] == 2
+    assert server.log().count("device is unusable") == 1  # logged once, with its traceback
