@@ -3,10 +3,12 @@
     with live_metrics(tmp_path, load_seconds=12) as run:
         run.prometheus.query_range(expr, run.start, run.end, step_s=1)
 
-Starts a toy model server with variable-length input (ragged_handler.py) and the sidecar
-(`support.sidecar.run_pair`), Prometheus scraping both, then `carpool bench` for a bounded time
-alongside a few clients sending items of varying length (so batches get padded), plus a few
-malformed requests so that rejection counters move. Everything is stopped on exit.
+Starts two models, each a toy model server with variable-length input (ragged_handler.py) and
+its sidecar (`support.sidecar.run_pair`), and Prometheus scraping all four. The busy model `toy`
+gets `carpool bench` for a bounded time alongside a few clients sending items of varying length
+(so batches get padded), plus a few malformed requests so that rejection counters move; the
+quiet model gets one slow client, so that per-model panels have two models to keep apart.
+Everything is stopped on exit.
 """
 
 from __future__ import annotations
@@ -29,13 +31,19 @@ from support.prometheus import Prometheus, run_prometheus
 from support.sidecar import run_pair
 
 MODEL = "toy"
+QUIET_MODEL = "quiet"
 HERE = Path(__file__).resolve().parent
 # The toy model with variable-length input (see ragged_handler.py): batches get padded.
 HANDLER = "ragged_handler:RaggedHandler"
 SCRAPE_INTERVAL_S = 1.0
 # Grafana's $__rate_interval for a 1 s scrape interval is 4 s; a little more smooths the plots.
 RATE_INTERVAL = "10s"
+# The run ends this long after its last request: a rate over IDLE_RATE_INTERVAL at the end of the
+# run sees no traffic, and has samples enough (3) to tell 0 from nothing even if one scrape is late.
+IDLE_S = 4 * SCRAPE_INTERVAL_S
+IDLE_RATE_INTERVAL = "3s"
 RAGGED_CLIENTS = 4
+QUIET_PAUSE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -45,9 +53,9 @@ class LiveRun:
     end: float  # unix seconds, after the last scrape of the load
 
 
-def _post(sidecar_url: str, body: bytes) -> int:
+def _post(sidecar_url: str, body: bytes, model: str = MODEL) -> int:
     request = urllib.request.Request(
-        f"{sidecar_url}/v2/models/{MODEL}/infer",
+        f"{sidecar_url}/v2/models/{model}/infer",
         data=body,
         headers={"Content-Type": "application/json"},
         method="POST",
@@ -79,46 +87,78 @@ def _ragged_requests(sidecar_url: str, seconds: float, seed: int) -> int:
     return sent
 
 
-def _load(sidecar_url: str, seconds: float, concurrency: int) -> None:
-    """`carpool bench` (fixed-length items) alongside a few clients sending ragged items."""
+def _quiet_requests(sidecar_url: str, seconds: float) -> int:
+    """One client, one 4-value item at a time with a pause between, until `seconds` pass."""
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
+    body = json.dumps({"inputs": [tensor]}).encode()
+    deadline = time.monotonic() + seconds
+    sent = 0
+    while time.monotonic() < deadline and sent < 1_000:
+        assert _post(sidecar_url, body, QUIET_MODEL) == 200
+        sent += 1
+        time.sleep(QUIET_PAUSE_S)
+    return sent
+
+
+def _load(sidecar_url: str, quiet_url: str, seconds: float, concurrency: int) -> None:
+    """`carpool bench` (fixed-length items) alongside a few clients sending ragged items, and
+    one slow client of the quiet model."""
     args = [sys.executable, "-m", "carpool", "bench", "--url", sidecar_url]
     args += ["--model-name", MODEL, "--payload", "toy", "--quiet", "--metrics-url", "none"]
     args += ["--concurrency", str(concurrency), "--duration", str(seconds), "--warmup", "0"]
     bench = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        with ThreadPoolExecutor(max_workers=RAGGED_CLIENTS) as pool:
+        with ThreadPoolExecutor(max_workers=RAGGED_CLIENTS + 1) as pool:
+            quiet = pool.submit(_quiet_requests, quiet_url, seconds)
             counts = pool.map(
                 lambda seed: _ragged_requests(sidecar_url, seconds, seed), range(RAGGED_CLIENTS)
             )
             sent = sum(counts)
+            quiet_sent = quiet.result()
         output, _ = bench.communicate(timeout=seconds + 60)
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait()
     assert bench.returncode == 0, f"carpool bench failed:\n{output}"
-    assert sent > 0
+    assert sent > 0 and quiet_sent > 0
 
 
 @contextmanager
 def live_metrics(
     tmp_path: Path, load_seconds: float = 12.0, concurrency: int = 16
 ) -> Iterator[LiveRun]:
-    metrics_port = free_port()
-    model_args = ("--metrics-port", str(metrics_port))
+    metrics_ports = {MODEL: free_port(), QUIET_MODEL: free_port()}
     env = {"PYTHONPATH": str(HERE)}
-    with run_pair(tmp_path, HANDLER, model_args=model_args, env=env, model=MODEL) as pair:
+    quiet_path = tmp_path / QUIET_MODEL
+    quiet_path.mkdir()
+    with (
+        run_pair(
+            tmp_path,
+            HANDLER,
+            model_args=("--metrics-port", str(metrics_ports[MODEL])),
+            env=env,
+            model=MODEL,
+        ) as pair,
+        run_pair(
+            quiet_path,
+            HANDLER,
+            model_args=("--metrics-port", str(metrics_ports[QUIET_MODEL])),
+            env=env,
+            model=QUIET_MODEL,
+        ) as quiet,
+    ):
         sidecar = pair.sidecar.url
         jobs = {
-            "sidecar": [sidecar.removeprefix("http://")],
-            "model-server": [f"127.0.0.1:{metrics_port}"],
+            "sidecar": [url.removeprefix("http://") for url in (sidecar, quiet.sidecar.url)],
+            "model-server": [f"127.0.0.1:{port}" for port in metrics_ports.values()],
         }
         with run_prometheus(tmp_path, jobs, scrape_interval_s=SCRAPE_INTERVAL_S) as prometheus:
             prometheus.wait_for_targets(timeout_s=30)
             start = time.time()
             _bad_requests(sidecar, 3)
-            _load(sidecar, load_seconds, concurrency)
+            _load(sidecar, quiet.sidecar.url, load_seconds, concurrency)
             _bad_requests(sidecar, 3)
-            # Let the last samples of the load be scraped.
-            time.sleep(3 * SCRAPE_INTERVAL_S)
+            # Let the last samples of the load be scraped, and end on a quiet stretch.
+            time.sleep(IDLE_S)
             yield LiveRun(prometheus, start, time.time())

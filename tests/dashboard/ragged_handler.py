@@ -28,7 +28,10 @@ Ragged = tuple[torch.Tensor, list[int]]
 
 
 class RaggedHandler(Handler[Ragged, Ragged]):
-    metadata = Metadata(platform="carpool_ragged", inputs=(INPUT,), outputs=(OUTPUT,))
+    # The sidecar batches items of different lengths together only for a handler that pads.
+    metadata = Metadata(
+        platform="carpool_ragged", inputs=(INPUT,), outputs=(OUTPUT,), pads_variable_dims=True
+    )
 
     def load(self, device: torch.device) -> None:
         self.device = device

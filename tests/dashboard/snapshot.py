@@ -41,16 +41,32 @@ def _points(series: dict[str, Any], start: float) -> tuple[list[float], list[flo
     return times, values
 
 
+def _last_finite(series: dict[str, Any]) -> float | None:
+    """The last value that is a number, as Grafana's "last not null" shows it."""
+    finite = [float(v) for _, v in series["values"] if math.isfinite(float(v))]
+    return finite[-1] if finite else None
+
+
 def _draw_stat(axes: Any, panel: Panel, results: list[Series]) -> None:
-    last = [float(s["values"][-1][1]) for result in results for s in result if s["values"]]
-    finite = [value for value in last if math.isfinite(value)]
-    text = (f"{finite[0]:,.0f}" if finite[0] >= 100 else f"{finite[0]:.3g}") if finite else "-"
+    """One number per series, named by its legend when there are several (one per model)."""
+    shown = [
+        (_label(query.legend, one["metric"]), value)
+        for query, result in zip(panel.queries, results, strict=True)
+        for one in result
+        if (value := _last_finite(one)) is not None
+    ]
     unit = {"reqps": " req/s", "s": " s"}.get(panel.unit, "")
-    axes.text(0.5, 0.45, text + unit, ha="center", va="center", fontsize=20, weight="bold")
+    lines = [
+        (f"{value:,.0f}" if value >= 100 else f"{value:.3g}") + unit
+        + (f"  {label}" if len(shown) > 1 else "")
+        for label, value in shown
+    ] or ["-"]  # fmt: skip
+    size = 20 if len(lines) == 1 else 13
+    axes.text(0.5, 0.45, "\n".join(lines), ha="center", va="center", fontsize=size, weight="bold")
     axes.set_axis_off()
 
 
-def _draw_heatmap(axes: Any, results: list[Series], start: float) -> None:
+def _draw_heatmap(axes: Any, results: list[Series], start: float, unit: str) -> None:
     series = [s for result in results for s in result if s["metric"].get("le") != "+Inf"]
     series.sort(key=lambda s: float(s["metric"]["le"]))
     if not series:
@@ -65,10 +81,11 @@ def _draw_heatmap(axes: Any, results: list[Series], start: float) -> None:
         grid.append([max(v - b, 0.0) if math.isfinite(v) else 0.0 for v, b in pairs])
         below = [v if math.isfinite(v) else 0.0 for v in values]
     labels = [one["metric"]["le"].removesuffix(".0") for one in series]
-    axes.imshow(
+    image = axes.imshow(
         grid, aspect="auto", origin="lower", cmap="Oranges",
         extent=(times[0], times[-1], -0.5, len(labels) - 0.5),
     )  # fmt: skip
+    axes.figure.colorbar(image, ax=axes, label=unit.removeprefix("suffix:").strip())
     axes.set_yticks(range(len(labels)), labels)
     axes.set_ylabel("items per batch (le)")
 
@@ -93,13 +110,13 @@ def snapshot(out_dir: Path) -> Path:
     all_panels = panels(load())
     with tempfile.TemporaryDirectory() as tmp, live_metrics(Path(tmp), load_seconds=20) as run:
         results = {
-            panel.title: [
+            panel: [
                 run.prometheus.query_range(
                     substitute(query.expr, rate=RATE_INTERVAL), run.start, run.end, step_s=1
                 )
                 for query in panel.queries
             ]
-            for panel in all_panels
+            for panel in all_panels  # by panel: a stat and a chart may share a title
         }
         start = run.start
     stats = [p for p in all_panels if p.kind == "stat"]
@@ -110,17 +127,19 @@ def snapshot(out_dir: Path) -> Path:
     for column, panel in enumerate(stats[:4]):
         axes = figure.add_subplot(grid[0, column])
         axes.set_title(panel.title, fontsize=10)
-        _draw_stat(axes, panel, results[panel.title])
+        _draw_stat(axes, panel, results[panel])
     for index, panel in enumerate(charts):
         row, half = divmod(index, 2)
         axes = figure.add_subplot(grid[1 + row, 2 * half : 2 * half + 2])
         axes.set_title(panel.title, fontsize=10)
         if panel.kind == "heatmap":
-            _draw_heatmap(axes, results[panel.title], start)
+            _draw_heatmap(axes, results[panel], start, panel.unit)
         else:
-            _draw_lines(axes, panel, results[panel.title], start)
+            _draw_lines(axes, panel, results[panel], start)
         axes.set_xlabel("seconds into the run", fontsize=8)
-    figure.suptitle("carpool: dynamic batching (toy model, CPU, local Prometheus, 1 s scrapes)")
+    figure.suptitle(
+        "carpool: dynamic batching (two toy models, CPU, local Prometheus, 1 s scrapes)"
+    )
     path = out_dir / "dashboard.png"
     figure.savefig(path, dpi=80)
     return path
