@@ -88,6 +88,19 @@ async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
     await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
 
 
+def _clamp_news(current: Mapping[str, Any], wanted: Manifest, applied: ModelSpec) -> bool:
+    """Whether this status write is the first to report a clamped batch size for this spec.
+
+    Said once per spec generation (or change of the effective size): a resync or a rollout's
+    progress rewrites the status without repeating the warning.
+    """
+    if not applied.batch_size_clamped:
+        return False
+    before = current.get("batching", {}).get("maxBatchSize")
+    new_generation = current.get("observedGeneration") != wanted["observedGeneration"]
+    return bool(new_generation or before != wanted["batching"]["maxBatchSize"])
+
+
 async def _status(
     kube: KubeClient, body: Manifest, applied: ModelSpec | None, error: SpecError | None
 ) -> Observation:
@@ -108,7 +121,7 @@ async def _status(
     )
     url = service_url(applied) if applied is not None else str(current.get("url", ""))
     # The settings the sidecars run with: those of the last spec that was applied.
-    batching = applied.batching.as_file() if applied is not None else None
+    batching = applied.sidecar_batching.as_file() if applied is not None else None
     wanted = desired_status(
         observation, conditions, generation=generation, url=url, batching=batching
     )
@@ -117,6 +130,14 @@ async def _status(
     await kube.merge_patch(
         "BatchedModel", namespace, name, {"status": wanted}, subresource="status"
     )
+    if applied is not None and _clamp_news(current, wanted, applied):
+        limit = applied.model_max_batch_size
+        message = (
+            f"batching.maxBatchSize {applied.batching.max_batch_size} (the spec's or the "
+            f"operator's default) exceeds spec.model.maxBatchSize {limit}: the sidecars send "
+            f"batches of at most {limit}"
+        )
+        _event(body, "BatchSizeClamped", message, warning=True)
     had = {item.get("type") for item in current.get("conditions", [])}
     for condition in flipped:
         if condition.type == "Degraded" and condition.type not in had and not condition.status:

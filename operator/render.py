@@ -97,6 +97,9 @@ def _model_server(spec: ModelSpec) -> Manifest:
         "--metrics-host", "0.0.0.0",
         "--device", spec.device,
         "--dtype", spec.dtype,
+        # The model's limit, not spec.batching's: warm-up depends on it, so a change rolls the
+        # pods, while the sidecar's batch size is re-tuned live through the ConfigMap.
+        "--max-batch-size", str(spec.model_max_batch_size),
         "--drain-seconds", str(DRAIN_S),
     ]  # fmt: skip
     if spec.model_path:
@@ -270,7 +273,7 @@ def deployment(spec: ModelSpec) -> Manifest:
 
 
 def config_map(spec: ModelSpec) -> Manifest:
-    content = json.dumps(spec.batching.as_file(), indent=2, sort_keys=True) + "\n"
+    content = json.dumps(spec.sidecar_batching.as_file(), indent=2, sort_keys=True) + "\n"
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

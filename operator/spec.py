@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from carpool.operator.batching import Batching
@@ -18,6 +18,8 @@ from carpool.operator.defaults import Defaults, is_image
 from carpool.operator.types import Manifest
 
 BUILTIN_HANDLERS = ("toy", "torchscript", "text-embedding")
+# spec.model.maxBatchSize when unset: the CRD's default, which is also the model server's own.
+MODEL_MAX_BATCH_SIZE = 64
 _HANDLER_CLASS = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 )
@@ -67,6 +69,8 @@ class ModelSpec:
     env: tuple[Manifest, ...] = ()
     device: str = "auto"
     dtype: str = "fp32"
+    # The model's hard limit: the model server's --max-batch-size, what it accepts and warms up.
+    model_max_batch_size: int = MODEL_MAX_BATCH_SIZE
     weights: Weights = field(default_factory=lambda: Weights(kind="image"))
     replicas: int = 1
     gpu: int = 0
@@ -86,6 +90,17 @@ class ModelSpec:
     service_port: int = 80
     pod_monitor: bool = False
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
+
+    @property
+    def batch_size_clamped(self) -> bool:
+        """spec.batching asks for larger batches than the model server takes."""
+        return self.batching.max_batch_size > self.model_max_batch_size
+
+    @property
+    def sidecar_batching(self) -> Batching:
+        """The settings the sidecars run with: spec.batching, its batch size held to the model's."""
+        size = min(self.batching.max_batch_size, self.model_max_batch_size)
+        return replace(self.batching, max_batch_size=size)
 
 
 def _section(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -164,6 +179,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
         env=tuple(dict(item) for item in model.get("env", [])),
         device=str(model.get("device", "auto")),
         dtype=str(model.get("dtype", "fp32")),
+        model_max_batch_size=int(model.get("maxBatchSize", MODEL_MAX_BATCH_SIZE)),
         weights=weights,
         replicas=int(spec.get("replicas", 1)),
         gpu=int(resources.get("gpu", 0)),

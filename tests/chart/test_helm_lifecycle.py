@@ -135,3 +135,28 @@ def test_upgrade_upgrades_the_crd(cluster: Cluster, tmp_path: Path) -> None:
     assert after is not None
     assert "bmodel" in after["spec"]["names"]["shortNames"]
     assert after["metadata"]["labels"]["helm.sh/chart"] == "carpool-0.1.1"
+
+
+@pytest.mark.parametrize(
+    ("installed", "upgraded", "kept"),
+    [
+        (("crds.keep=true",), ("crds.install=false",), True),
+        (("crds.keep=false",), ("crds.install=false", "crds.keep=false"), False),
+        # The policy read is the live CRD's, as the previous release left it.
+        (("crds.keep=false",), ("crds.install=false", "crds.keep=true"), False),
+    ],
+    ids=["kept", "deleted", "keep-too-late"],
+)
+def test_switching_crd_install_off_deletes_an_unkept_crd(
+    cluster: Cluster, installed: tuple[str, ...], upgraded: tuple[str, ...], kept: bool
+) -> None:
+    """What docs/install.md warns of: the upgrade that stops rendering the CRD deletes it
+    (and with it every BatchedModel) unless the CRD in the cluster says keep."""
+
+    def sets(values: tuple[str, ...]) -> list[str]:
+        return [arg for value in values for arg in ("--set", value)]
+
+    install = ["install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace"]
+    run_helm(cluster, *install, *sets(installed))
+    run_helm(cluster, "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *sets(upgraded))
+    assert (cluster.get("customresourcedefinition", CRD_NAME) is not None) is kept

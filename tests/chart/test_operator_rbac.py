@@ -1,10 +1,10 @@
 """The chart's ClusterRole allows exactly what the real operator does, no more, no less.
 
-The operator runs with the args and env of the chart's Deployment (cluster-wide, as installed)
-against the test API server, which logs every request; a BatchedModel goes through a whole
-life: created with every optional child, its children tampered with (and repaired), changed so
-the optional children go, deleted. Each
-logged request is mapped to the RBAC (group, resource, verb) it needs.
+The operator runs with the args and env of the chart's Deployment (cluster-wide, as installed
+by default, and on named namespaces with operator.watchNamespaces) against the test API
+server, which logs every request; a BatchedModel goes through a whole life: created with every
+optional child, its children tampered with (and repaired), changed so the optional children
+go, deleted. Each logged request is mapped to the RBAC (group, resource, verb) it needs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from support.kube_api import Kind, ServedKubeApi, parse_target
 from support.kube_cluster import Cluster
 
 MODELS = "models"
+ELSEWHERE = "elsewhere"  # not named by operator.watchNamespaces
 # Requests of these clients are the test's own, not the operator's.
 TEST_AGENTS = ("Helm/", "kubectl")
 COMPONENT = "app.kubernetes.io/component"
@@ -39,8 +40,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield Cluster(kubeconfig, MODELS, served.api)
 
 
-def granted_by_chart() -> set[Permission]:
-    role = one(render(), "ClusterRole")
+def granted_by_chart(sets: tuple[str, ...] = ()) -> set[Permission]:
+    role = one(render(sets=sets), "ClusterRole")
     return {
         (group, resource, verb)
         for rule in role["rules"]
@@ -71,13 +72,25 @@ def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permiss
     return used
 
 
-def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sets", [(), (f"operator.watchNamespaces={{{MODELS}}}",)], ids=["cluster-wide", "namespaced"]
+)
+def test_cluster_role_is_exactly_what_the_operator_uses(
+    cluster: Cluster, tmp_path: Path, sets: tuple[str, ...]
+) -> None:
+    set_args = [arg for item in sets for arg in ("--set", item)]
+    # An operator on named namespaces serves them once they exist.
+    for namespace in (MODELS, ELSEWHERE):
+        cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    elsewhere = Cluster(cluster.kubeconfig, ELSEWHERE, cluster.api)
     helm(
         "install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace",
-        "--kubeconfig", str(cluster.kubeconfig),
+        "--kubeconfig", str(cluster.kubeconfig), *set_args,
     )  # fmt: skip
-    with run_chart_operator(render(), cluster, tmp_path / "operator.log"):
+    with run_chart_operator(render(sets=sets), cluster, tmp_path / "operator.log"):
         model = yaml.safe_load((REPO / "examples" / "autoscaled.yaml").read_text())
+        stranger = {**model, "metadata": {"name": "stranger", "namespace": ELSEWHERE}}
+        elsewhere.apply(stranger)
         model["metadata"]["namespace"] = MODELS
         model["spec"]["monitoring"] = {"podMonitor": True}
         cluster.apply(model)
@@ -85,6 +98,10 @@ def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_pa
         children["configmap"] = "toy-batching"
         for kind, name in children.items():
             cluster.wait_for_object(kind, name)
+        if sets:  # an operator on named namespaces leaves the others alone
+            assert elsewhere.get("deployment", "stranger") is None
+        else:
+            elsewhere.wait_for_object("deployment", "stranger")
 
         # Drift: a child's label changed behind the operator's back is patched back.
         for kind, name in children.items():
@@ -105,9 +122,11 @@ def test_cluster_role_is_exactly_what_the_operator_uses(cluster: Cluster, tmp_pa
             cluster.wait_gone(kind, "toy")
         cluster.kubectl("delete", "batchedmodel", "toy", "--wait=false")
         cluster.wait_gone("batchedmodel", "toy")
+        if sets:
+            assert elsewhere.get("deployment", "stranger") is None
 
     used = used_by_operator(cluster)
-    granted = granted_by_chart() - ADMISSION_ONLY
+    granted = granted_by_chart(sets) - ADMISSION_ONLY
     assert used - granted == set(), f"the operator needs rules the chart lacks: {used - granted}"
     assert granted - used == set(), f"the chart grants rules nobody used: {granted - used}"
 

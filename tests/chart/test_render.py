@@ -81,10 +81,40 @@ def test_names_fit_in_63_characters() -> None:
 def test_selector_labels_are_a_stable_subset() -> None:
     deployment = one(render(), "Deployment")
     selector = deployment["spec"]["selector"]["matchLabels"]
+    # A Deployment's selector is immutable: any change here breaks `helm upgrade`.
+    assert selector == {
+        "app.kubernetes.io/name": "carpool",
+        "app.kubernetes.io/instance": "carpool",
+        "app.kubernetes.io/component": "operator",
+    }
     assert "app.kubernetes.io/version" not in selector
     assert "helm.sh/chart" not in selector
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= pod_labels.items()
+
+
+COMPONENTS = {
+    "Deployment": "operator",
+    "Service": "operator",
+    "ServiceMonitor": "operator",
+    "ServiceAccount": "rbac",
+    "ClusterRole": "rbac",
+    "ClusterRoleBinding": "rbac",
+    "ConfigMap": "dashboard",
+    "CustomResourceDefinition": "crd",
+}
+
+
+def test_each_object_names_its_own_component() -> None:
+    manifests = render(sets=("serviceMonitor.enabled=true",))
+    assert {manifest["kind"] for manifest in manifests} == set(COMPONENTS)
+    for manifest in manifests:
+        labels = manifest["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == COMPONENTS[manifest["kind"]], manifest
+        assert labels["app.kubernetes.io/part-of"] == "carpool"
+        assert labels["app.kubernetes.io/instance"] == "carpool"
+    pod_labels = one(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/component"] == "operator"
 
 
 def test_operator_runs_one_replica_with_liveness_probe() -> None:
@@ -126,6 +156,44 @@ def test_batching_defaults_and_images_reach_the_operator_as_env() -> None:
     tuned = _env(render(sets=("defaults.maxBatchSize=64", "defaults.dispatch=fixed")))
     assert tuned["CARPOOL_DEFAULT_MAX_BATCH_SIZE"] == "64"
     assert tuned["CARPOOL_DEFAULT_DISPATCH"] == "fixed"
+
+
+def _images(manifests: list[Manifest]) -> dict[str, str]:
+    (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = _env(manifests)
+    return {
+        "operator": container["image"],
+        "sidecar": env["CARPOOL_DEFAULT_SIDECAR_IMAGE"],
+        "modelServer": env["CARPOOL_DEFAULT_IMAGE"],
+    }
+
+
+def test_image_tags_follow_the_app_version(tmp_path: Path) -> None:
+    """No tag is written down in values.yaml: a chart released as X runs images tagged X."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert {name: image["tag"] for name, image in values["images"].items()} == {
+        "operator": "",
+        "sidecar": "",
+        "modelServer": "",
+    }
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    repository = "ghcr.io/carpool-dev/carpool"
+    assert set(_images(render()).values()) == {f"{repository}:{app_version}"}
+
+    helm("package", str(CHART), "--app-version", "9.8.7", "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("carpool-*.tgz")
+    released = [
+        doc
+        for doc in yaml.safe_load_all(
+            helm("template", "carpool", str(archive), "--set", "images.sidecar.tag=1.2.3")
+        )
+        if doc
+    ]
+    assert _images(released) == {
+        "operator": f"{repository}:9.8.7",
+        "sidecar": f"{repository}:1.2.3",  # a tag, when given, wins
+        "modelServer": f"{repository}:9.8.7",
+    }
 
 
 def test_image_digest_pins_the_image() -> None:
@@ -287,11 +355,32 @@ def test_operator_command_accepts_the_chart_arguments(monkeypatch: pytest.Monkey
     assert context.params["verbose"] is True
     assert context.params["standalone"] is True
     assert context.params["resync_seconds"] == 60.0
+    assert context.params["namespaces"] == ()  # every namespace
     assert defaults == Defaults(
         image="ghcr.io/carpool-dev/carpool:0.1.0",
         sidecar_image="ghcr.io/carpool-dev/carpool:0.1.0",
         batching=Batching(),  # the chart's defaults are the operator's built-in ones
     )
+
+
+def test_watch_namespaces_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """operator.watchNamespaces: one --namespace each; the RBAC stays cluster-wide."""
+    manifests = render(sets=("operator.watchNamespaces={ml,team-a}",))
+    context, _ = _operator_context(manifests, monkeypatch)
+    assert context.params["namespaces"] == ("ml", "team-a")
+    assert by_kind(manifests, "Role") == [] and by_kind(manifests, "RoleBinding") == []
+    rules = one(manifests, "ClusterRole")["rules"]
+    # kopf lists and watches namespaces to find the named ones; cluster-wide it needs not.
+    namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}
+    assert namespaces in rules
+    assert namespaces not in one(render(), "ClusterRole")["rules"]
+    with pytest.raises(AssertionError, match="watchNamespaces"):
+        render(sets=("operator.watchNamespaces={Not_A_Namespace}",))
+    notes = helm(
+        "install", "carpool", str(CHART), "--dry-run=client", "--namespace", NAMESPACE,
+        "--set", "operator.watchNamespaces={ml,team-a}",
+    )  # fmt: skip
+    assert "only in: ml, team-a" in notes
 
 
 @pytest.mark.parametrize("values", VARIANT_FILES, ids=VARIANT_IDS)

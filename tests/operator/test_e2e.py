@@ -193,6 +193,75 @@ def test_batching_edit_changes_config_not_pods(cluster: Cluster) -> None:
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
 
 
+def events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    found = cluster.kubectl(
+        "get", "events", "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    )
+    return [item for item in json.loads(found.stdout)["items"] if item["reason"] == reason]
+
+
+def model_server_flag(deployment: dict[str, Any], flag: str) -> str:
+    (server,) = [
+        container
+        for container in deployment["spec"]["template"]["spec"]["containers"]
+        if container["name"] == "model-server"
+    ]
+    command: list[str] = server["command"]
+    return command[command.index(flag) + 1]
+
+
+def test_batch_size_is_clamped_to_the_model_limit(cluster: Cluster) -> None:
+    applied(cluster, model("e2e-clamp", batching={"maxBatchSize": 128}))
+    deployment = cluster.wait_for_object("deployment", "e2e-clamp")
+    assert model_server_flag(deployment, "--max-batch-size") == "64"  # the CRD's default
+
+    # The status shows the batch size in effect; a Warning event says why, once.
+    clamped = cluster.wait_for_object(
+        "bm", "e2e-clamp", lambda found: "batching" in found.get("status", {})
+    )
+    assert clamped["status"]["batching"]["maxBatchSize"] == 64
+    config = cluster.wait_for_object("configmap", "e2e-clamp-batching")
+    assert json.loads(config["data"]["batching.json"])["maxBatchSize"] == 64
+    cluster.wait_for(
+        "the clamp warning", lambda: bool(events(cluster, "e2e-clamp", "BatchSizeClamped"))
+    )
+    wait_resyncs(cluster, "e2e-clamp", count=3)
+    (warning,) = events(cluster, "e2e-clamp", "BatchSizeClamped")
+    assert warning["type"] == "Warning"
+    assert "128" in warning["message"] and "64" in warning["message"]
+
+    # Raising the model's limit rolls the pods and lifts the clamp, without a new warning.
+    cluster.kubectl(
+        "patch", "bm", "e2e-clamp", "--type=merge",
+        "-p", json.dumps({"spec": {"model": {"maxBatchSize": 256}}}),
+    )  # fmt: skip
+    rolled = cluster.wait_for_object(
+        "deployment",
+        "e2e-clamp",
+        lambda found: model_server_flag(found, "--max-batch-size") == "256",
+    )
+    assert rolled["metadata"]["generation"] > deployment["metadata"]["generation"]
+    cluster.wait_for_object(
+        "bm", "e2e-clamp", lambda found: found["status"]["batching"]["maxBatchSize"] == 128
+    )
+    wait_resyncs(cluster, "e2e-clamp")
+    assert len(events(cluster, "e2e-clamp", "BatchSizeClamped")) == 1
+
+    # Asking for more than the new limit warns again, once.
+    cluster.kubectl(
+        "patch", "bm", "e2e-clamp", "--type=merge",
+        "-p", json.dumps({"spec": {"batching": {"maxBatchSize": 512}}}),
+    )  # fmt: skip
+    cluster.wait_for(
+        "a second clamp warning",
+        lambda: len(events(cluster, "e2e-clamp", "BatchSizeClamped")) == 2,
+    )
+    reported = cluster.get("bm", "e2e-clamp")
+    assert reported is not None and reported["status"]["batching"]["maxBatchSize"] == 256
+    wait_resyncs(cluster, "e2e-clamp", count=3)
+    assert len(events(cluster, "e2e-clamp", "BatchSizeClamped")) == 2
+
+
 def test_image_edit_rolls_the_pods(cluster: Cluster) -> None:
     applied(cluster, model("e2e-image"))
     before = cluster.wait_for_object("deployment", "e2e-image")

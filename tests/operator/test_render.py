@@ -15,7 +15,7 @@ from support.kube_schema import apply_defaults
 from carpool.operator.batching import Batching
 from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
-from carpool.operator.spec import SpecError
+from carpool.operator.spec import MODEL_MAX_BATCH_SIZE, SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -158,6 +158,45 @@ def test_batching_lives_in_the_config_map_only() -> None:
     assert fast_manifests["Deployment"] == slow_manifests["Deployment"]
     volumes = fast_manifests["Deployment"]["spec"]["template"]["spec"]["volumes"]
     assert {"name": "batching", "configMap": {"name": "m-batching"}} in volumes
+
+
+def _flag(command: list[str], name: str) -> str:
+    assert command.count(name) == 1, f"{name} should appear once in {command}"
+    return command[command.index(name) + 1]
+
+
+def test_model_limit_is_the_model_servers_max_batch_size() -> None:
+    """spec.model.maxBatchSize is what the model server accepts and warms up."""
+    default = render(model())
+    assert _flag(containers(default)["model-server"]["command"], "--max-batch-size") == "64"
+    big = render(model(model={"handler": "toy", "maxBatchSize": 512}))
+    assert _flag(containers(big)["model-server"]["command"], "--max-batch-size") == "512"
+    # Warm-up depends on it: a new limit is a new pod template, so the pods roll.
+    template = by_kind(default)["Deployment"]["spec"]["template"]
+    assert by_kind(big)["Deployment"]["spec"]["template"] != template
+
+
+def test_model_server_default_is_the_crd_default() -> None:
+    """A spec without the key (carpool render -f) gets what the API server would fill in."""
+    from carpool.model_server.config import DEFAULT_MAX_BATCH_SIZE
+
+    limit = SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]["maxBatchSize"]
+    assert limit["default"] == MODEL_MAX_BATCH_SIZE == DEFAULT_MAX_BATCH_SIZE
+    assert (limit["minimum"], limit["maximum"]) == (1, 1024)
+
+
+@pytest.mark.parametrize(
+    ("batching", "limit", "effective"),
+    [(128, None, 64), (128, 256, 128), (1024, 1024, 1024), (8, 4, 4), (8, 16, 8)],
+)
+def test_sidecar_batches_are_held_to_the_model_limit(
+    batching: int, limit: int | None, effective: int
+) -> None:
+    body = model(batching={"maxBatchSize": batching})
+    if limit is not None:
+        body["spec"]["model"]["maxBatchSize"] = limit
+    config = by_kind(render(body))["ConfigMap"]
+    assert json.loads(config["data"]["batching.json"])["maxBatchSize"] == effective
 
 
 def test_optional_children_follow_the_spec() -> None:

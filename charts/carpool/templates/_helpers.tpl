@@ -30,20 +30,29 @@ Chart name and version, as used by the helm.sh/chart label.
 {{- end }}
 
 {{/*
-Selector labels: the immutable subset that a Deployment selector and a Service use.
+The labels that name the release, on every object of the chart.
 */}}
-{{- define "carpool.selectorLabels" -}}
+{{- define "carpool.releaseLabels" -}}
 app.kubernetes.io/name: {{ include "carpool.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Selector labels of the operator pod: the immutable subset that its Deployment selector and
+its Service use. A Deployment's selector cannot change, so neither may these.
+*/}}
+{{- define "carpool.selectorLabels" -}}
+{{ include "carpool.releaseLabels" . }}
 app.kubernetes.io/component: operator
 {{- end }}
 
 {{/*
-Common labels: selector labels plus the ones that may change between releases.
+Common labels: the release's plus the ones that may change between releases. Each template
+adds its own app.kubernetes.io/component (operator, rbac, dashboard, crd).
 */}}
 {{- define "carpool.labels" -}}
 helm.sh/chart: {{ include "carpool.chart" . }}
-{{ include "carpool.selectorLabels" . }}
+{{ include "carpool.releaseLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: carpool
