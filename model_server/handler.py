@@ -44,6 +44,10 @@ class Metadata:
     platform: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # True when `preprocess` pads items that differ in a variable dimension to one batch.
+    # The sidecar then batches such items together, grouped by length; otherwise it batches
+    # only numeric items of identical shape.
+    pads_variable_dims: bool = False
 
 
 @dataclass(frozen=True, slots=True)

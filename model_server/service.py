@@ -50,4 +50,5 @@ class ModelService:
             "inputs": [asdict(spec) for spec in metadata.inputs],
             "outputs": [asdict(spec) for spec in metadata.outputs],
             "max_batch_size": self.runner.max_batch_size,
+            "pads_variable_dims": metadata.pads_variable_dims,
         }

@@ -104,32 +104,57 @@ def header_length(request: web.Request) -> int | None:
     raw = request.headers.get(oip.HEADER_LENGTH)
     if raw is None:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise BadRequest(f"{oip.HEADER_LENGTH} must be a byte count, got {raw!r}")
     return int(raw)
 
 
-async def v2_infer(request: web.Request) -> web.Response:
+def check_model(request: web.Request) -> DataPlane:
+    """The data plane, once the path names its model (and version, if any)."""
     dataplane = request.app[DATAPLANE]
-    dataplane.check_model(request.match_info["name"])
+    dataplane.check_model(request.match_info["name"], request.match_info.get("version"))
+    return dataplane
+
+
+async def write_parts(
+    request: web.Request, parts: list[bytes | memoryview], headers: dict[str, str]
+) -> web.StreamResponse:
+    """Send a body given in parts (a JSON header, then binary outputs) without joining them."""
+    if len(parts) == 1:
+        return web.Response(body=parts[0], headers=headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_length = sum(len(part) for part in parts)
+    await response.prepare(request)
+    for part in parts:
+        await response.write(part)
+    await response.write_eof()
+    return response
+
+
+async def v2_infer(request: web.Request) -> web.StreamResponse:
+    # The deadline counts from here, not from when the body has been read and parsed.
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
     body = await read_body(request)
     infer_request = oip.parse_request(body, header_length(request))
-    response = await dataplane.infer(infer_request, header_timeout_ms(request))
-    payload, headers = oip.encode_response(response)
-    return web.Response(body=payload, headers=headers)
+    response = await dataplane.infer(infer_request, header_timeout_ms(request), arrived_at)
+    parts, headers = oip.encode_response(response)
+    return await write_parts(request, parts, headers)
 
 
 async def v1_predict(request: web.Request) -> web.Response:
-    dataplane = request.app[DATAPLANE]
-    dataplane.check_model(request.match_info["name"])
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
     body = await read_body(request)
     infer_request = kserve_v1.parse_request(body, dataplane.metadata())
-    response = await dataplane.infer(infer_request, header_timeout_ms(request))
+    response = await dataplane.infer(infer_request, header_timeout_ms(request), arrived_at)
     return web.Response(body=kserve_v1.encode_response(response), content_type="application/json")
 
 
 async def live(request: web.Request) -> web.Response:
-    return json_response({"live": True})
+    # Not live once a background task has died: the kubelet restarts the container.
+    is_live = request.app[DATAPLANE].live
+    return json_response({"live": is_live}, status=200 if is_live else 503)
 
 
 async def ready(request: web.Request) -> web.Response:
@@ -144,8 +169,7 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    dataplane = request.app[DATAPLANE]
-    dataplane.check_model(request.match_info["name"])
+    dataplane = check_model(request)
     metadata = dataplane.metadata()
     return json_response(
         {
@@ -159,8 +183,7 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    dataplane = request.app[DATAPLANE]
-    dataplane.check_model(request.match_info["name"])
+    dataplane = check_model(request)
     is_ready = dataplane.ready
     body = {"name": dataplane.model_name, "ready": is_ready}
     return json_response(body, status=200 if is_ready else 503)
@@ -172,18 +195,33 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def _background(
-    config: SidecarConfig, client: ModelClient, state: ModelState, batcher: Batcher
+    config: SidecarConfig, client: ModelClient, state: ModelState, dataplane: DataPlane
 ) -> Callable[[web.Application], AsyncIterator[None]]:
+    batcher = dataplane.batcher
+
+    def watch(task: asyncio.Task[None]) -> None:
+        """Each task runs until shutdown; one that ends early leaves the sidecar unable to
+        serve, so it says why and stops being live and ready."""
+        if task.cancelled():
+            return
+        error = task.exception()
+        log.error("background task %s ended early", task.get_name(), exc_info=error)
+        dataplane.mark_broken(f"its {task.get_name()} task ended; see the sidecar log")
+
     async def context(app: web.Application) -> AsyncIterator[None]:
-        jobs = [
-            state.poll(client, lambda metadata: batcher.limit_batch_size(metadata.max_batch_size)),
-            batcher.run(),
-        ]
+        jobs = {
+            "model-state": state.poll(
+                client, lambda metadata: batcher.limit_batch_size(metadata.max_batch_size)
+            ),
+            "dispatcher": batcher.run(),
+        }
         if config.config_file is not None:
             settings_file = SettingsFile(Path(config.config_file), config.batching, batcher)
             settings_file.load(settings_file.read())
-            jobs.append(settings_file.watch())
-        tasks = [asyncio.create_task(job) for job in jobs]
+            jobs["settings-file"] = settings_file.watch()
+        tasks = [asyncio.create_task(job, name=name) for name, job in jobs.items()]
+        for task in tasks:
+            task.add_done_callback(watch)
         yield
         for task in tasks:
             task.cancel()
@@ -200,11 +238,11 @@ async def create_app(config: SidecarConfig, registry: CollectorRegistry) -> web.
     state = ModelState()
     batcher = Batcher(config.batching, forwarder(client, state), metrics_)
     app = web.Application(middlewares=[errors_and_metrics], client_max_size=config.max_body_bytes)
-    app[DATAPLANE] = DataPlane(config.model_name, batcher, state)
+    dataplane = app[DATAPLANE] = DataPlane(config.model_name, batcher, state)
     app[METRICS] = metrics_
     app[REGISTRY] = registry
     app[MAX_BODY_BYTES] = config.max_body_bytes
-    app.cleanup_ctx.append(_background(config, client, state, batcher))
+    app.cleanup_ctx.append(_background(config, client, state, dataplane))
     routes = app.router
     routes.add_get("/v2/health/live", live)
     routes.add_get("/v2/health/ready", ready)

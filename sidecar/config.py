@@ -51,10 +51,6 @@ class BatchingSettings:
     def max_wait_s(self) -> float:
         return self.max_wait_ms / 1000
 
-    @property
-    def timeout_s(self) -> float:
-        return self.timeout_ms / 1000
-
 
 # camelCase key of the settings file -> field of BatchingSettings
 FILE_KEYS: dict[str, str] = {

@@ -26,6 +26,7 @@ from carpool.sidecar.errors import (
 from carpool.sidecar.health import ModelState
 from carpool.sidecar.inference import InferRequest, InferResponse
 from carpool.sidecar.model_metadata import ModelMetadata, TensorSpec
+from carpool.sidecar.oip import MODEL_VERSION
 from carpool.sidecar.pending import BatchKey, PendingRequest
 from carpool.sidecar.tensors import RequestTensor, element_count, split, stack
 
@@ -61,22 +62,42 @@ class DataPlane:
         self.model_name = model_name
         self.batcher = batcher
         self.state = state
+        # Why the sidecar cannot serve any more (a background task died), else None.
+        self.broken: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.broken is None
 
     @property
     def ready(self) -> bool:
-        return self.state.ready and not self.batcher.draining
+        return self.live and self.state.ready and not self.batcher.draining
 
-    def check_model(self, name: str) -> None:
+    def mark_broken(self, reason: str) -> None:
+        """Stop serving for good: not live, not ready, every request 503."""
+        self.broken = reason
+
+    def check_model(self, name: str, version: str | None = None) -> None:
         if name != self.model_name:
             raise ModelNotFound(f"unknown model {name!r}; this sidecar serves {self.model_name!r}")
+        if version is not None and version != MODEL_VERSION:
+            raise ModelNotFound(
+                f"unknown version {version!r} of model {name!r}; it has version {MODEL_VERSION!r}"
+            )
 
     def metadata(self) -> ModelMetadata:
         metadata = self.state.metadata
+        if self.broken is not None:
+            raise Unavailable(f"the sidecar is broken: {self.broken}")
         if not self.state.ready or metadata is None:
             raise Unavailable("model server is not ready")
         return metadata
 
-    async def infer(self, request: InferRequest, header_timeout_ms: float | None) -> InferResponse:
+    async def infer(
+        self, request: InferRequest, header_timeout_ms: float | None, arrived_at: float
+    ) -> InferResponse:
+        """Answer `request`; its deadline counts from `arrived_at` (loop time), before the
+        body was read and parsed."""
         metadata = self.metadata()
         count = _check_inputs(request, metadata)
         output_names = _output_names(request, metadata)
@@ -92,7 +113,7 @@ class DataPlane:
             items=_items(request.inputs, count),
             key=key,
             priority=request.priority,
-            deadline=loop.time() + timeout_ms / 1000,
+            deadline=arrived_at + timeout_ms / 1000,
             future=loop.create_future(),
             lengths=lengths,
         )
@@ -150,10 +171,13 @@ def _output_names(request: InferRequest, metadata: ModelMetadata) -> list[str]:
 
 
 def _binary_outputs(request: InferRequest, output_names: list[str]) -> frozenset[str]:
+    """An output's own `binary_data` wins over the request's `binary_data_output`."""
     if request.outputs is None:
         return frozenset(output_names) if request.binary_output else frozenset()
     return frozenset(
-        output.name for output in request.outputs if output.binary or request.binary_output
+        output.name
+        for output in request.outputs
+        if (request.binary_output if output.binary is None else output.binary)
     )
 
 
@@ -166,9 +190,12 @@ def _batch_key(
 ) -> tuple[BatchKey, list[int] | None]:
     """The group of the request's items, and their lengths when they vary in length.
 
-    An item's length is the largest, over its variable inputs, of the element count of the
-    variable dimensions (numeric) or of the longest element in bytes (BYTES: a cheap proxy
-    for the token count).
+    Numeric items share a batch only when their shapes are equal, since a handler stacks
+    them, unless the handler pads variable dimensions (`pads_variable_dims`): then items of
+    any shape within one length bucket share a batch. BYTES items always go by length bucket:
+    a handler takes their elements as a list. An item's length is the largest, over its
+    inputs, of the element count of the variable dimensions (padded numeric) or of the
+    longest element in bytes (BYTES: a cheap proxy for the token count).
     """
     by_name = {tensor.name: tensor for tensor in inputs}
     signature = []
@@ -176,14 +203,15 @@ def _batch_key(
     for spec in metadata.inputs:
         tensor = by_name[spec.name]
         item_shape = tensor.shape[1:]
-        signature.append((spec.name, spec.datatype, spec.shape if spec.variable else item_shape))
+        padded = spec.variable and (isinstance(tensor.data, list) or metadata.pads_variable_dims)
+        signature.append((spec.name, spec.datatype, spec.shape if padded else item_shape))
         if isinstance(tensor.data, list):
             per_item = element_count(item_shape)
             sizes = np.fromiter(map(len, tensor.data), dtype=np.int64, count=len(tensor.data))
             if not per_item:
                 continue
             item_lengths = sizes.reshape(tensor.items, per_item).max(axis=1)
-        elif spec.variable:
+        elif padded:
             varying = [
                 have for want, have in zip(spec.shape, item_shape, strict=True) if want == -1
             ]
@@ -209,9 +237,14 @@ def _output_of_items(name: str, results: Sequence[ItemResult]) -> list[Tensor]:
     tensors = []
     for result in results:
         if result.error is not None:
-            raise ModelError(result.error, result.status)
+            raise ModelError(result.error, _error_status(result.status))
         tensor = (result.outputs or {}).get(name)
         if tensor is None:
             raise BadModelResponse(f"model server result lacks output {name!r}")
         tensors.append(tensor)
     return tensors
+
+
+def _error_status(status: int) -> int:
+    """The model server's status for a failed item, if it is an error status; else 502."""
+    return status if 400 <= status <= 599 else BadModelResponse.status

@@ -44,14 +44,30 @@ THROUGHPUT_WINDOW_S = 10.0
 MAX_RETRY_AFTER_S = 60
 
 
+def _queued(request: PendingRequest) -> bool:
+    """Whether the request still has items to send and a caller waiting for them."""
+    return request.unsent > 0 and not request.future.done()
+
+
 @dataclass(slots=True, eq=False)
 class _Group:
-    """Queued requests with one BatchKey, highest priority first, FIFO within a level."""
+    """Queued requests with one BatchKey, highest priority first, FIFO within a level.
+
+    Finished requests (cancelled, expired) leave lazily: from the front of `heap` and
+    `arrivals` as they reach it, and all at once when the group's entries outnumber twice
+    its waiting items; a group left with no waiting item is dropped whole.
+    """
 
     key: BatchKey
     heap: list[tuple[int, int, PendingRequest]] = field(default_factory=list)
-    items: int = 0
-    opened_at: float = 0.0  # enqueue time of the oldest queued request
+    # The same requests in arrival order: the oldest opens the batch window.
+    arrivals: deque[PendingRequest] = field(default_factory=deque)
+    items: int = 0  # unsent items of requests still waiting
+
+    def push(self, request: PendingRequest) -> None:
+        heapq.heappush(self.heap, (-request.priority, request.seq, request))
+        self.arrivals.append(request)
+        self.items += len(request.items)
 
     def head(self) -> PendingRequest | None:
         """The next request to serve, dropping finished (cancelled, expired) ones on the way."""
@@ -61,6 +77,20 @@ class _Group:
                 return request
             heapq.heappop(self.heap)
         return None
+
+    def opened_at(self) -> float:
+        """Enqueue time of the oldest request with items to send; O(1) amortised."""
+        while self.arrivals and not _queued(self.arrivals[0]):
+            self.arrivals.popleft()
+        return self.arrivals[0].enqueued_at if self.arrivals else math.inf
+
+    def compact(self) -> None:
+        """Drop finished requests once they are the majority, so their bodies are freed
+        without waiting for the queue to reach them; the rebuild costs O(1) per finish."""
+        if len(self.heap) > 2 * self.items:
+            self.heap = [entry for entry in self.heap if _queued(entry[2])]
+            heapq.heapify(self.heap)
+            self.arrivals = deque(request for request in self.arrivals if _queued(request))
 
 
 def _fail(request: PendingRequest, error: Exception) -> None:
@@ -143,10 +173,7 @@ class Batcher:
         group = self._groups.get(request.key)
         if group is None:
             group = self._groups[request.key] = _Group(request.key)
-        if group.items == 0:
-            group.opened_at = now
-        heapq.heappush(group.heap, (-request.priority, request.seq, request))
-        group.items += count
+        group.push(request)
         self._queued += count
         self._idle.clear()
         self._metrics.queue_items.set(self._queued)
@@ -161,14 +188,22 @@ class Batcher:
             ) from None
 
     def _forget(self, request: PendingRequest, group: _Group) -> None:
-        """A finished request gives back the queue room of items it never sent."""
+        """A finished request gives back the queue room of items it never sent; a group
+        left without waiting requests goes, with whatever it still holds."""
+        if request.sent == 0:
+            # Left the queue unsent (expired, cancelled, shut down): its wait shows overload.
+            self._metrics.queue_wait.observe(self._loop.time() - request.enqueued_at)
         unsent = request.unsent
         request.sent = len(request.items)
-        group.items -= unsent
-        self._queued -= unsent
-        self._metrics.queue_items.set(self._queued)
-        if group.items <= 0 and not group.heap and self._groups.get(group.key) is group:
-            del self._groups[group.key]
+        if unsent:
+            group.items -= unsent
+            self._queued -= unsent
+            self._metrics.queue_items.set(self._queued)
+            if self._groups.get(group.key) is group:
+                if group.items <= 0:
+                    del self._groups[group.key]
+                else:
+                    group.compact()
         self._check_idle()
         self._wake.set()
 
@@ -212,9 +247,10 @@ class Batcher:
         for _, group in ranked:
             if group.items >= self._capacity(group.key):
                 return group, "full"
-            if now >= group.opened_at + settings.max_wait_s:
+            closes_at = group.opened_at() + settings.max_wait_s
+            if now >= closes_at:
                 return group, "timeout"
-            due = min(due, group.opened_at + settings.max_wait_s)
+            due = min(due, closes_at)
         first = ranked[0][1]
         if self._draining:
             return first, "drain"
@@ -241,9 +277,7 @@ class Batcher:
             room -= count
             if request.unsent == 0:
                 heapq.heappop(group.heap)
-        if group.heap:
-            group.opened_at = min(entry[2].enqueued_at for entry in group.heap)
-        elif group.items <= 0:
+        if group.items <= 0:
             del self._groups[group.key]
         self._metrics.queue_items.set(self._queued)
         return parts
@@ -265,16 +299,19 @@ class Batcher:
                     async with asyncio.timeout_at(decision):
                         await self._wake.wait()
         finally:
-            await self._abort()
+            await self.abort()
 
-    async def _abort(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def abort(self) -> None:
+        """Refuse new requests and answer every waiting caller, queued or in a batch, 503."""
+        self._draining = True
+        # Queued requests first: with none left, the dispatcher starts no batch meanwhile.
         for group in self._groups.values():
             for _, _, request in group.heap:
                 _fail(request, Unavailable("the sidecar stopped"))
         self._groups.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def drain(self, grace_s: float) -> bool:
         """Refuse new requests, send everything queued; True when all of it was answered."""
@@ -326,17 +363,23 @@ class Batcher:
             log.warning("batch of %d items failed: %s", len(items), error.message)
             for part in parts:
                 _fail(part.request, error)
-        except Exception as error:
-            # A bug, not an outage; still, every waiter hears about it.
+        except asyncio.CancelledError:
+            # The sidecar is stopping: callers hear so now, not at their deadline.
+            for part in parts:
+                _fail(part.request, Unavailable("the sidecar stopped"))
+            raise
+        except Exception:
+            # A bug, not an outage; still, every waiter hears about it (details in the log).
             log.exception("batch of %d items failed", len(items))
             for part in parts:
-                _fail(part.request, SidecarError(f"internal error: {error}"))
+                _fail(part.request, SidecarError("internal error; see the sidecar log"))
         else:
             self._deliver(parts, results)
+            # Only answered batches tell how fast the queue drains (for Retry-After).
+            self._completed.append((self._loop.time(), len(items)))
         finally:
             now = self._loop.time()
             self._metrics.model_duration.observe(now - started)
-            self._completed.append((now, len(items)))
             self._prune_completed(now)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)

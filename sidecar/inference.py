@@ -10,7 +10,8 @@ from carpool.sidecar.tensors import RequestTensor
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
     name: str
-    binary: bool
+    # Its own `binary_data`; None: as the request's `binary_data_output` says.
+    binary: bool | None
 
 
 @dataclass(frozen=True, slots=True)

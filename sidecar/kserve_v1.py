@@ -33,12 +33,14 @@ def parse_request(body: bytes, metadata: ModelMetadata) -> InferRequest:
         )
     spec = metadata.inputs[0]
     try:
-        shape = np.asarray(instances, dtype=object if spec.datatype == BYTES else None).shape
-    except ValueError as error:
+        # Converted once: from_json takes the array as it is.
+        array = np.asarray(instances, dtype=object if spec.datatype == BYTES else None)
+    except (ValueError, TypeError) as error:
         raise BadRequest(f"instances are not a regular array: {error}") from error
+    shape = array.shape
     if len(shape) == 1 and spec.shape == (1,):
         shape = (shape[0], 1)
-    data = from_json(spec.name, spec.datatype, shape, instances)
+    data = from_json(spec.name, spec.datatype, shape, array)
     return InferRequest(inputs=[RequestTensor(spec.name, spec.datatype, shape, data)])
 
 

@@ -116,6 +116,8 @@ async def serve(config: SidecarConfig) -> int:
     log.info("draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds)
     if not await batcher.drain(config.drain_seconds):
         log.warning("drain grace over with %d items queued", batcher.queued_items)
+        # Every caller still waiting gets 503 before the connections close.
+        await batcher.abort()
     await runner.cleanup()
     log.info("sidecar stopped")
     return 0

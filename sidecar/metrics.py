@@ -32,7 +32,8 @@ class SidecarMetrics:
         ).labels(model)
         self.queue_wait = histogram(
             "carpool_queue_wait_seconds",
-            "Time a request waited in the queue before its first items were sent.",
+            "Time a request waited in the queue before its first items were sent, or before "
+            "it left unsent (expired, cancelled, shut down).",
             LATENCY_BUCKETS,
         ).labels(model)
         self.batch_size = histogram(

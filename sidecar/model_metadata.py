@@ -33,6 +33,8 @@ class ModelMetadata:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
+    # The handler pads items that differ in variable dimensions (see length buckets).
+    pads_variable_dims: bool = False
 
     @classmethod
     def parse(cls, document: Any) -> ModelMetadata:
@@ -43,6 +45,7 @@ class ModelMetadata:
                 inputs=tuple(_spec(raw) for raw in document["inputs"]),
                 outputs=tuple(_spec(raw) for raw in document["outputs"]),
                 max_batch_size=int(document["max_batch_size"]),
+                pads_variable_dims=_flag(document.get("pads_variable_dims", False)),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise BadModelResponse(f"model server metadata is malformed: {error!r}") from error
@@ -52,6 +55,12 @@ class ModelMetadata:
 
     def output(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.outputs if spec.name == name), None)
+
+
+def _flag(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"pads_variable_dims must be true or false, got {raw!r}")
+    return raw
 
 
 def _spec(raw: Any) -> TensorSpec:

@@ -106,7 +106,8 @@ def _outputs(raw: Any) -> list[RequestedOutput] | None:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise BadRequest("each requested output must be an object with a 'name'")
         parameters = _parameters(entry, f"output {entry['name']!r}")
-        outputs.append(RequestedOutput(entry["name"], _flag(parameters, "binary_data")))
+        binary = _flag(parameters, "binary_data") if "binary_data" in parameters else None
+        outputs.append(RequestedOutput(entry["name"], binary))
     return outputs
 
 
@@ -131,16 +132,18 @@ def _integer(parameters: dict[str, Any], key: str, default: int) -> int:
 
 
 def _timeout(parameters: dict[str, Any]) -> float | None:
+    """`parameters.timeout` in milliseconds; clients send it in microseconds, as for Triton."""
     value = parameters.get("timeout")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise BadRequest(f"parameter 'timeout' must be milliseconds > 0, got {value!r}")
-    return float(value)
+        raise BadRequest(f"parameter 'timeout' must be microseconds > 0, got {value!r}")
+    return value / 1000
 
 
-def encode_response(response: InferResponse) -> tuple[bytes, dict[str, str]]:
-    """The body and headers: plain JSON, or a JSON header followed by binary outputs."""
+def encode_response(response: InferResponse) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """The body, as parts to write in turn, and headers: plain JSON, or a JSON header
+    followed by the binary outputs' buffers (never joined into one copy)."""
     outputs = []
     buffers: list[bytes | memoryview] = []
     for tensor in response.outputs:
@@ -165,6 +168,6 @@ def encode_response(response: InferResponse) -> tuple[bytes, dict[str, str]]:
         document["id"] = response.id
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
     if not buffers:
-        return header, {"Content-Type": "application/json"}
+        return [header], {"Content-Type": "application/json"}
     headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
-    return b"".join([header, *buffers]), headers
+    return [header, *buffers], headers

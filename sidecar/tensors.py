@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from carpool.model_server.wire import BYTES, NUMPY_DTYPES, Tensor
-from carpool.sidecar.errors import BadRequest, SidecarError
+from carpool.sidecar.errors import BadModelResponse, BadRequest
 
 Array = npt.NDArray[Any]
 _LENGTH = struct.Struct("<I")
@@ -170,7 +170,7 @@ def stack(name: str, parts: Sequence[Tensor]) -> RequestTensor:
     first = parts[0]
     for part in parts:
         if part.shape != first.shape or part.datatype != first.datatype:
-            raise SidecarError(
+            raise BadModelResponse(
                 f"output {name!r} differs between items: {first.datatype}{list(first.shape)} "
                 f"and {part.datatype}{list(part.shape)}"
             )

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
 import numpy as np
 import orjson
 import pytest
-from support.sidecar import Pair, Sidecar, get, infer, metric, run_pair
+from support.sidecar import Pair, Sidecar, get, infer, metric, run_pair, v2_body
 
 # A long window: only adaptive dispatch keeps a lone request from waiting for it.
 SIDECAR_ARGS = ("--max-batch-size", "8", "--max-wait-ms", "2000", "--max-body-bytes", "4096")
@@ -242,3 +242,56 @@ async def test_item_error_reaches_only_its_caller(
     for index, (good_status, body) in enumerate(good_outcomes):
         assert good_status == 200, body
         assert body["outputs"][0]["data"] == [2 * index + 1, 3, 3, 3]
+
+
+async def test_only_the_served_version_exists(sidecar: Sidecar) -> None:
+    assert get(sidecar, "/v2/models/toy/versions/1")[0] == 200
+    assert get(sidecar, "/v2/models/toy/versions/1/ready")[0] == 200
+    status, body = get(sidecar, "/v2/models/toy/versions/2")
+    assert status == 404 and "version" in orjson.loads(body)["error"]
+    async with aiohttp.ClientSession() as http:
+        url = f"{sidecar.url}/v2/models/toy/versions/2/infer"
+        async with http.post(url, json=v2_body([[1, 2, 3, 4]])) as reply:
+            assert reply.status == 404
+
+
+async def test_header_length_with_a_non_ascii_digit_is_400(sidecar: Sidecar) -> None:
+    body = orjson.dumps(v2_body([[1, 2, 3, 4]]))
+    # U+00B2 SUPERSCRIPT TWO: str.isdigit() says yes, int() says no.
+    headers = {"Inference-Header-Content-Length": "\u00b2"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sidecar.url}/v2/models/toy/infer", data=body, headers=headers) as reply,
+    ):
+        assert reply.status == 400
+        assert "Inference-Header-Content-Length" in (await reply.json())["error"]
+
+
+async def test_an_output_can_opt_out_of_binary_data(sidecar: Sidecar) -> None:
+    outputs = [{"name": "output", "parameters": {"binary_data": False}}]
+    async with aiohttp.ClientSession() as http:
+        status, body = await infer(
+            http,
+            sidecar,
+            [[1.0, 2.0, 3.0, 4.0]],
+            outputs=outputs,
+            parameters={"binary_data_output": True},
+        )
+    assert status == 200, body
+    assert body["outputs"][0]["data"] == [3, 5, 7, 9]
+
+
+async def test_deadline_counts_from_arrival_not_from_the_parsed_body(sidecar: Sidecar) -> None:
+    body = orjson.dumps(v2_body([[1, 2, 3, 4]]))
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield body[:10]
+        await asyncio.sleep(0.5)  # the client takes longer to send than its deadline allows
+        yield body[10:]
+
+    headers = {"X-Carpool-Timeout-Ms": "200", "Content-Length": str(len(body))}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sidecar.url}/v2/models/toy/infer", data=slow_body(), headers=headers) as reply,
+    ):
+        assert reply.status == 504, await reply.text()

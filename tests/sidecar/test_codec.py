@@ -71,7 +71,7 @@ def test_binary_inputs_are_read_in_order_without_copies() -> None:
             {"name": "a", "datatype": "FP32", "shape": [3, 2], "parameters": sizes[0]},
             {"name": "t", "datatype": "BYTES", "shape": [3, 1], "parameters": sizes[1]},
         ],
-        "parameters": {"binary_data_output": True, "priority": 3, "timeout": 250},
+        "parameters": {"binary_data_output": True, "priority": 3, "timeout": 250_000},
     }
     body, length = binary_request(header, floats.tobytes(), length_prefixed(texts))
     request = parse_request(body, length)
@@ -134,7 +134,8 @@ def test_split_then_stack_round_trips() -> None:
 def test_binary_response_has_header_length_and_raw_data() -> None:
     out = RequestTensor("y", "FP16", (2,), np.array([1.5, 2.0], dtype="<f2"))
     text = RequestTensor("s", "BYTES", (1,), [b"ok"])
-    body, headers = encode_response(InferResponse("m", "r1", [out, text], frozenset(["y"])))
+    parts, headers = encode_response(InferResponse("m", "r1", [out, text], frozenset(["y"])))
+    body = b"".join(parts)
     length = int(headers[HEADER_LENGTH])
     header = orjson.loads(body[:length])
     assert header["id"] == "r1" and header["model_name"] == "m"

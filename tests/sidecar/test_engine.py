@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ from carpool.sidecar.errors import (
     DeadlineExceeded,
     PayloadTooLarge,
     QueueFull,
+    SidecarError,
     Unavailable,
 )
 from carpool.sidecar.metrics import SidecarMetrics
@@ -291,3 +294,89 @@ async def test_inflight_batches_are_capped() -> None:
         h.model.gate.set()
         await asyncio.gather(*tasks)
         assert len(h.model.batches) == 4
+
+
+async def test_stopping_the_dispatcher_answers_callers_of_a_running_batch_503() -> None:
+    async with Harness() as h:
+        h.model.gate.clear()
+        caller = h.request(1.0, timeout_s=30.0)
+        await h.model.started.wait()
+        h.runner.cancel()
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(caller, 2)  # not at its 30 s deadline
+
+
+async def test_abort_answers_queued_and_running_callers_503() -> None:
+    async with Harness(max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        running = h.request(1.0, timeout_s=30.0)
+        await h.model.started.wait()
+        queued = h.request(2.0, timeout_s=30.0)
+        await settle()
+        await asyncio.wait_for(h.batcher.abort(), 2)
+        for caller in (running, queued):
+            with pytest.raises(Unavailable):
+                await caller
+        with pytest.raises(Unavailable):
+            await h.request(3.0)
+        assert h.model.batches == [[1.0]]
+
+
+async def test_requests_that_leave_the_queue_are_freed() -> None:
+    async with Harness(max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        loop = asyncio.get_running_loop()
+        kept = h.request(9.0)
+        left: list[weakref.ref[asyncio.Future[list[ItemResult]]]] = []
+        for key in (KEY, BatchKey(("other",))):  # beside a waiting request, and alone
+            for _ in range(3):
+                pending = PendingRequest(items(1.0), key, 0, loop.time() + 5, loop.create_future())
+                task = asyncio.create_task(h.batcher.submit(pending))
+                await settle()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                left.append(weakref.ref(pending.future))
+                del pending, task
+        await settle()
+        gc.collect()
+        alive = [ref() is not None for ref in left]
+        # Alone: freed with their group. Beside a waiting request: freed once they outnumber
+        # the items still waiting, so at most that many linger.
+        assert alive[3:] == [False] * 3 and sum(alive[:3]) <= 1
+        wait_count = h.registry.get_sample_value("carpool_queue_wait_seconds_count", {"model": "m"})
+        assert wait_count == 1 + 6  # the blocker when sent, each leaver when it left
+        h.model.gate.set()
+        await asyncio.gather(blocker, kept)
+        assert h.model.batches == [[0.0], [9.0]]
+
+
+async def test_failed_batches_do_not_count_as_throughput() -> None:
+    async with Harness(max_queue_items=40, max_batch_size=1, max_inflight_batches=1) as h:
+        h.model.fail = Unavailable("model server unreachable")
+        failures = await asyncio.gather(
+            *(h.request(1.0) for _ in range(20)), return_exceptions=True
+        )
+        assert all(isinstance(failure, Unavailable) for failure in failures)
+        h.model.fail = None
+        h.model.started.clear()
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+        queued = h.request(*[1.0] * 40)
+        await settle()
+        with pytest.raises(QueueFull) as refused:
+            await h.request(2.0)
+        # Nothing answered yet: no throughput to promise a drain time from.
+        assert refused.value.headers["Retry-After"] == "1"
+        h.model.gate.set()
+        await asyncio.gather(blocker, queued)
+
+
+async def test_a_bug_in_sending_is_500_without_its_details() -> None:
+    async with Harness() as h:
+        h.model.fail = RuntimeError("secret internals")
+        with pytest.raises(SidecarError) as failed:
+            await h.request(1.0)
+        assert failed.value.status == 500 and "secret" not in failed.value.message

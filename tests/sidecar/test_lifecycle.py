@@ -6,11 +6,13 @@ import asyncio
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 from support.model_server import SUPPORT_DIR, run_model_server
-from support.sidecar import get, infer, metric, run_pair, run_sidecar, wait_for
+from support.sidecar import Sidecar, get, infer, metric, run_pair, run_sidecar, wait_for
 
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "2"}
 
@@ -89,3 +91,65 @@ async def test_settings_file_changes_the_batch_size_live(tmp_path: Path) -> None
             assert await batches_for_eight() == 1
         assert "maxBatchSize" in sidecar.log()
         assert sidecar.process.poll() is None
+
+
+async def infer_binary(
+    http: aiohttp.ClientSession, sidecar: Sidecar, row: list[float]
+) -> tuple[int, Any]:
+    """One toy item as binary data: JSON cannot carry an infinite value."""
+    values = np.array(row, dtype="<f4")
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 4]}
+    header = orjson.dumps(
+        {"inputs": [{**tensor, "parameters": {"binary_data_size": values.nbytes}}]}
+    )
+    url = f"{sidecar.url}/v2/models/{sidecar.model}/infer"
+    headers = {"Inference-Header-Content-Length": str(len(header))}
+    async with http.post(url, data=header + values.tobytes(), headers=headers) as reply:
+        return reply.status, await reply.json(content_type=None)
+
+
+async def test_bad_item_fails_alone_within_a_shared_batch(tmp_path: Path) -> None:
+    args = ("--max-batch-size", "8", "--max-inflight-batches", "1")
+    slow = {**SLOW, "CARPOOL_TEST_INFER_S": "0.5"}
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=slow) as pair:
+        sidecar = pair.sidecar
+        async with aiohttp.ClientSession() as http:
+            blocker = asyncio.create_task(infer(http, sidecar, [[0, 0, 0, 0]]))
+            await asyncio.to_thread(
+                wait_for, lambda: metric(sidecar, "carpool_inflight_batches") == 1
+            )
+            # Queued while the blocker runs, so they leave together as the next batch.
+            calls = [
+                asyncio.create_task(infer(http, sidecar, [[1, 1, 1, 1]])),
+                asyncio.create_task(infer_binary(http, sidecar, [2, np.inf, 2, 2])),
+                asyncio.create_task(infer(http, sidecar, [[3, 3, 3, 3]])),
+            ]
+            await asyncio.to_thread(wait_for, lambda: metric(sidecar, "carpool_queue_items") == 3)
+            (good1, body1), (bad, bad_body), (good3, body3) = await asyncio.gather(*calls)
+            await blocker
+        assert bad == 400 and "finite" in bad_body["error"], bad_body
+        assert (good1, good3) == (200, 200)
+        assert body1["outputs"][0]["data"] == [3] * 4 and body3["outputs"][0]["data"] == [7] * 4
+        # Two batches: the blocker, then all three requests at once.
+        assert metric(sidecar, "carpool_batch_size_count") == 2
+        assert metric(sidecar, "carpool_batch_size_sum") == 4
+
+
+async def test_drain_grace_over_answers_waiting_callers_503(tmp_path: Path) -> None:
+    # A batch outlasts the drain grace, but not the test's patience when teardown awaits it.
+    slow = {**SLOW, "CARPOOL_TEST_INFER_S": "4"}
+    args = ("--max-inflight-batches", "1", "--drain-seconds", "0.5")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=slow) as pair:
+        sidecar = pair.sidecar
+        async with aiohttp.ClientSession() as http:
+            running = asyncio.create_task(infer(http, sidecar, [[1, 1, 1, 1]]))
+            await asyncio.to_thread(
+                wait_for, lambda: metric(sidecar, "carpool_inflight_batches") == 1
+            )
+            queued = asyncio.create_task(infer(http, sidecar, [[2, 2, 2, 2]]))
+            await asyncio.to_thread(wait_for, lambda: metric(sidecar, "carpool_queue_items") == 1)
+            sidecar.process.send_signal(signal.SIGTERM)
+            for status, body in await asyncio.gather(running, queued):
+                assert status == 503, body
+        # Long before the drain grace plus the 5 s shutdown timeout.
+        assert sidecar.process.wait(5.0) == 0, sidecar.log()

@@ -8,6 +8,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import orjson
+from support.model_server import http_get
 from support.sidecar import metric, run_pair
 
 from carpool.sidecar.tensors import length_prefixed
@@ -53,9 +54,10 @@ async def test_sentences_embed_in_batches_json_and_binary(tmp_path: Path) -> Non
             predicts = [
                 http.post(f"{sidecar.url}/v1/models/minilm:predict", json=kserve) for _ in range(8)
             ]
-            replies = await asyncio.gather(*predicts)
-            for reply in replies:
+            predictions = []
+            for reply in await asyncio.gather(*predicts):
                 assert reply.status == 200
+                predictions.append((await reply.json())["predictions"])
                 reply.release()
         assert output["shape"] == [3, 384]
         vectors = np.array(output["data"], dtype=np.float32).reshape(3, 384)
@@ -64,5 +66,13 @@ async def test_sentences_embed_in_batches_json_and_binary(tmp_path: Path) -> Non
         unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
         cat_kitten, cat_revenue = unit[0] @ unit[1], unit[0] @ unit[2]
         assert cat_kitten > cat_revenue + 0.2
-        # Variable-length text is bucketed, and its padding measured.
-        assert metric(sidecar, "carpool_batch_padding_ratio_count") >= 1
+        # v1 answers the same vectors, whatever the batch each sentence landed in.
+        for prediction in predictions:
+            assert np.allclose(np.array(prediction, dtype=np.float32), vectors, atol=1e-4)
+        # Text is bucketed by length, and its padding measured: sentences of 22 to 41 bytes
+        # pad by at most 41 / 22 - 1 each.
+        count = metric(sidecar, "carpool_batch_padding_ratio_count")
+        total = metric(sidecar, "carpool_batch_padding_ratio_sum")
+        assert count >= 1 and 0 < total / count <= 41 / 22 - 1
+        status, metadata = http_get(pair.model_server, "/metadata")
+        assert status == 200 and orjson.loads(metadata)["pads_variable_dims"] is True

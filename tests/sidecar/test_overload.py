@@ -98,8 +98,8 @@ async def test_expired_deadline_is_504_and_skips_the_model(
     sidecar = pair.sidecar
     items_before = model_items(pair.model_server)
     blocker = await start_blocker(http, sidecar)
-    if how == "parameter":
-        status, body = await infer(http, sidecar, [[1, 1, 1, 1]], parameters={"timeout": 100})
+    if how == "parameter":  # microseconds, as Triton clients send it
+        status, body = await infer(http, sidecar, [[1, 1, 1, 1]], parameters={"timeout": 100_000})
     else:
         headers = {"X-Carpool-Timeout-Ms": "100"}
         status, body = await infer(http, sidecar, [[1, 1, 1, 1]], headers=headers)

@@ -1,0 +1,112 @@
+"""The data plane in-process: a real Batcher, with a stand-in for the model server's answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from carpool.model_server.wire import Item, ItemResult, Tensor
+from carpool.sidecar.config import BatchingSettings
+from carpool.sidecar.dataplane import DataPlane
+from carpool.sidecar.engine import Batcher
+from carpool.sidecar.errors import BadModelResponse, ModelError
+from carpool.sidecar.health import ModelState
+from carpool.sidecar.inference import InferRequest
+from carpool.sidecar.metrics import SidecarMetrics
+from carpool.sidecar.model_metadata import ModelMetadata, TensorSpec
+from carpool.sidecar.tensors import RequestTensor
+
+Answer = Callable[[Sequence[Item]], list[ItemResult]]
+
+
+def echo(items: Sequence[Item]) -> list[ItemResult]:
+    return [ItemResult(outputs={"y": item["x"]}) for item in items]
+
+
+def metadata(pads: bool) -> ModelMetadata:
+    return ModelMetadata(
+        name="m",
+        platform="test",
+        inputs=(TensorSpec("x", "FP32", (-1,)),),
+        outputs=(TensorSpec("y", "FP32", (-1,)),),
+        max_batch_size=8,
+        pads_variable_dims=pads,
+    )
+
+
+class Model:
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.batches: list[list[tuple[int, ...]]] = []
+
+    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+        self.batches.append([item["x"].shape for item in items])
+        return self.answer(items)
+
+
+@asynccontextmanager
+async def dataplane(
+    answer: Answer = echo, pads: bool = False
+) -> AsyncIterator[tuple[DataPlane, Model]]:
+    model = Model(answer)
+    settings = BatchingSettings(dispatch="fixed", max_wait_ms=50)
+    batcher = Batcher(settings, model.send, SidecarMetrics(CollectorRegistry(), "m"))
+    state = ModelState()
+    state.ready, state.metadata = True, metadata(pads)
+    runner = asyncio.create_task(batcher.run())
+    try:
+        yield DataPlane("m", batcher, state), model
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+def request(*rows: list[float]) -> InferRequest:
+    data = np.array(rows, dtype=np.float32)
+    return InferRequest(inputs=[RequestTensor("x", "FP32", data.shape, data.ravel())])
+
+
+async def infer_all(plane: DataPlane, *requests: InferRequest) -> list[object]:
+    now = asyncio.get_running_loop().time()
+    calls = [plane.infer(each, None, now) for each in requests]
+    return await asyncio.gather(*calls, return_exceptions=True)
+
+
+@pytest.mark.parametrize(("pads", "batches"), [(False, 2), (True, 1)])
+async def test_numeric_items_of_other_shapes_share_a_batch_only_if_padded(
+    pads: bool, batches: int
+) -> None:
+    async with dataplane(pads=pads) as (plane, model):
+        outcomes = await infer_all(plane, request([1, 2]), request([1, 2, 3]), request([4, 5]))
+    assert not any(isinstance(outcome, Exception) for outcome in outcomes), outcomes
+    assert len(model.batches) == batches
+    if not pads:
+        assert sorted(model.batches) == [[(2,), (2,)], [(3,)]]
+
+
+@pytest.mark.parametrize(("status", "seen"), [(404, 404), (503, 503), (200, 502), (302, 502)])
+async def test_item_error_status_is_an_error_status(status: int, seen: int) -> None:
+    def failing(items: Sequence[Item]) -> list[ItemResult]:
+        return [ItemResult.failed("refused", status) for _ in items]
+
+    async with dataplane(failing) as (plane, _):
+        [outcome] = await infer_all(plane, request([1.0]))
+    assert isinstance(outcome, ModelError) and outcome.status == seen
+
+
+async def test_outputs_that_differ_between_items_are_a_bad_model_response() -> None:
+    def ragged(items: Sequence[Item]) -> list[ItemResult]:
+        sizes = range(1, len(items) + 1)
+        return [
+            ItemResult(outputs={"y": Tensor.from_numpy(np.zeros(size, np.float32))})
+            for size in sizes
+        ]
+
+    async with dataplane(ragged) as (plane, _):
+        [outcome] = await infer_all(plane, request([1.0], [2.0]))
+    assert isinstance(outcome, BadModelResponse) and outcome.status == 502
