@@ -105,7 +105,7 @@ class BatchedModel:
             for name, tensor in result.outputs.items():
                 outputs.setdefault(name, []).append(tensor)
         stacked = [tensors.stack(name, parts) for name, parts in outputs.items()]
-        body, headers = oip.encode_response(
+        (body,), headers = oip.encode_response(
             InferResponse(self.model_name, parsed.id, stacked, frozenset())
         )
         return Response(body, headers=headers)

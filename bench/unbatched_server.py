@@ -70,7 +70,8 @@ async def infer(request: web.Request) -> web.Response:
         for name, tensor in result.outputs.items():
             outputs.setdefault(name, []).append(tensor)
     stacked = [tensors.stack(name, parts) for name, parts in outputs.items()]
-    body, headers = oip.encode_response(
+    # JSON outputs only (no binary_data_output): the body is one part.
+    (body,), headers = oip.encode_response(
         InferResponse(request.app[MODEL_NAME], parsed.id, stacked, frozenset())
     )
     return web.Response(body=body, headers=headers)
