@@ -17,6 +17,7 @@ from pathlib import Path
 
 from chart.rendering import Manifest, one
 from support.kube_cluster import Cluster, free_port
+from support.processes import stop_process
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,4 @@ def run_chart_operator(
     except AssertionError as error:
         raise AssertionError(f"{error}\noperator log:\n{operator.log_tail()}") from error
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        stop_process(process, timeout_s=15)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,19 +20,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from support.kube_api import KubeApiServer
+from support.processes import free_port, stop_process
+
+__all__ = ["free_port"]  # re-exported: tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = ROOT / ".cache" / "tools" / "bin" / "kubectl"
 CRD = ROOT / "crds" / "batchedmodels.carpool.dev.yaml"
 OPERATOR_AGENT = "carpool-operator"
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -126,9 +121,4 @@ def run_operator(
                     time.sleep(0.2)
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=15)
+            stop_process(process, timeout_s=15)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,9 @@ from pathlib import Path
 import aiohttp
 
 from carpool.model_server import wire
+from support.processes import free_port, stop_process
+
+__all__ = ["free_port"]  # re-exported: tests import it from here
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 
@@ -42,13 +44,6 @@ class ModelServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def http_get(server: ModelServer, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
@@ -149,14 +144,7 @@ def wait_until_ready(server: ModelServer, timeout_s: float = 60.0) -> None:
 
 def stop(server: ModelServer, timeout_s: float = 10.0) -> int:
     """SIGTERM, then SIGKILL if it lingers; returns the exit code."""
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(timeout_s)
-    return server.process.returncode
+    return stop_process(server.process, timeout_s)
 
 
 class _UnixConnection(http.client.HTTPConnection):

@@ -13,8 +13,6 @@ free 127.0.0.1 port with its storage under `tmp_path`, waits for `/-/ready`, and
 from __future__ import annotations
 
 import json
-import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from support.processes import free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / ".cache" / "tools" / "bin" / "prometheus"
@@ -91,13 +91,6 @@ class Prometheus:
         raise AssertionError(f"Prometheus targets not up after {timeout_s}s: {self.targets()}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def _config(jobs: Mapping[str, Sequence[str]], scrape_interval_s: float) -> str:
     """prometheus.yml as JSON (a subset of YAML): one static job per name."""
     interval = f"{int(scrape_interval_s * 1000)}ms"
@@ -127,7 +120,7 @@ def run_prometheus(
     folder.mkdir()
     config = folder / "prometheus.yml"
     config.write_text(_config(jobs, scrape_interval_s))
-    port = _free_port()
+    port = free_port()
     args = [
         str(PROMETHEUS),
         f"--config.file={config}",
@@ -165,10 +158,4 @@ def _wait_ready(prometheus: Prometheus, timeout_s: float) -> None:
 
 
 def _stop(prometheus: Prometheus, timeout_s: float = 10.0) -> None:
-    if prometheus.process.poll() is None:
-        prometheus.process.send_signal(signal.SIGTERM)
-        try:
-            prometheus.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            prometheus.process.kill()
-            prometheus.process.wait(timeout_s)
+    stop_process(prometheus.process, timeout_s)

@@ -16,7 +16,6 @@ restart the model server under it. Processes are stopped (SIGTERM, then SIGKILL)
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.model_server import ModelServer, free_port, run_model_server
+from support.model_server import ModelServer, run_model_server
+from support.processes import free_port, stop_process
 
 
 @dataclass(frozen=True)
@@ -150,14 +150,7 @@ def run_pair(
 
 def stop(sidecar: Sidecar, timeout_s: float = 15.0) -> int:
     """SIGTERM, then SIGKILL if it lingers; returns the exit code."""
-    if sidecar.process.poll() is None:
-        sidecar.process.send_signal(signal.SIGTERM)
-        try:
-            sidecar.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            sidecar.process.kill()
-            sidecar.process.wait(timeout_s)
-    return sidecar.process.returncode
+    return stop_process(sidecar.process, timeout_s)
 
 
 def _wait_until_up(sidecar: Sidecar, path: str, timeout_s: float) -> None:
