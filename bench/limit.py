@@ -1,8 +1,9 @@
 """The model's limit curve: in-process forward throughput (items/s) per batch size.
 
 Runs preprocess -> infer -> postprocess directly on a handler (no HTTP, no sidecar), so the
-figures are the ceiling any batching in front of the model can reach. Prints one line per
-batch size: the median over repetitions of the time per batch, and items/s from it.
+figures are the ceiling any batching in front of the model can reach. Every batch size runs
+the same pool of items (`--pool`), cut into consecutive batches; prints one line per size:
+the median over repetitions of the time per batch, and items/s from it.
 
     python bench/limit.py --handler text-embedding --torch-threads 1 --repeats 5
 
@@ -31,11 +32,19 @@ def sample_items(
 ) -> list[Item]:
     """Texts from the load generator's mix, so the limit and the servers see the same work."""
     if handler_name == "text-embedding":
-        texts = text_items(count, text_length, random.Random(count))
+        texts = text_items(count, text_length, random.Random(0))
         return [{"text": Tensor(BYTES, (1,), [text.encode()])} for text in texts]
     if example is None:
         raise SystemExit(f"handler {handler_name!r} has no example item to benchmark with")
     return [example] * count
+
+
+def _length(item: Item) -> int:
+    """Bytes of BYTES inputs plus elements of numeric ones: what padding depends on."""
+    total = 0
+    for tensor in item.values():
+        total += sum(map(len, tensor.data)) if isinstance(tensor.data, list) else len(tensor.data)
+    return total
 
 
 def main() -> None:
@@ -45,7 +54,14 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pool", type=int, default=64, help="items run through each size")
+    parser.add_argument(
+        "--group-by-length",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="batch items of similar length together (default), as the sidecar's buckets do",
+    )
     parser.add_argument("--text-length", choices=get_args(TextLength), default="mixed")
     args = parser.parse_args()
 
@@ -67,24 +83,31 @@ def main() -> None:
         handler.load(device)
     print(f"handler={args.handler} device={device} dtype={args.dtype} ", end="")
     print(f"torch_threads={torch.get_num_threads()} repeats={args.repeats} ", end="")
-    print(f"text_length={args.text_length}")
+    print(f"text_length={args.text_length} group_by_length={args.group_by_length}")
     print(f"{'batch':>5} {'ms/batch':>10} {'items/s':>10}")
+    # Every size runs the same pool of items, cut into consecutive batches: a size is never
+    # flattered (or penalised) by drawing shorter (or longer) texts than another.
+    pool = sample_items(args.handler, handler.example_item(), args.pool, args.text_length)
+    if args.group_by_length:
+        # Neighbours of similar length pad least: the ceiling of any length-aware batcher.
+        pool.sort(key=_length)
     for size in config.warmup_sizes:
-        items = sample_items(args.handler, handler.example_item(), size, args.text_length)
+        batches = [pool[start : start + size] for start in range(0, len(pool), size)]
         timings = []
         for repeat in range(args.repeats + 1):
             started = time.perf_counter()
             with torch.inference_mode():
-                prepared = handler.preprocess(items)
-                assert prepared.batch is not None and not prepared.rejected
-                outputs = handler.postprocess(handler.infer(prepared.batch))
+                for items in batches:
+                    prepared = handler.preprocess(items)
+                    assert prepared.batch is not None and not prepared.rejected
+                    outputs = handler.postprocess(handler.infer(prepared.batch))
+                    assert len(outputs) == len(items)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            if repeat:  # the first run of each size warms up
+            if repeat:  # the first pass of each size warms up
                 timings.append(time.perf_counter() - started)
-            assert len(outputs) == size
         median = statistics.median(timings)
-        print(f"{size:>5} {median * 1000:>10.2f} {size / median:>10.1f}")
+        print(f"{size:>5} {median * 1000 / len(batches):>10.2f} {len(pool) / median:>10.1f}")
 
 
 if __name__ == "__main__":

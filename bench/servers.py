@@ -109,24 +109,31 @@ def _common(settings: ModelSettings) -> tuple[str, ...]:
 
 
 def ray_python(install: bool) -> Path | None:
-    """The Ray venv's interpreter; built first when `install` is set, else None if absent."""
+    """The Ray venv's interpreter, with this tree's carpool in it; None if the venv is absent.
+
+    `install` builds the venv first when it is missing.
+    """
     python = RAY_VENV / "bin" / "python"
-    if python.exists() and not install:
-        return python
-    if not install:
-        return None
-    subprocess.run([sys.executable, "-m", "venv", str(RAY_VENV)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, TORCH_SPEC], check=True)
-    subprocess.run([*pip, "ray[serve]"], check=True)
-    # carpool itself, for the handler Ray runs: the same code the other variants run. Built
-    # from a copy, so the build leaves no build/ or egg-info behind in the working tree.
+    if not python.exists():
+        if not install:
+            return None
+        subprocess.run([sys.executable, "-m", "venv", str(RAY_VENV)], check=True)
+        subprocess.run([*pip, TORCH_SPEC], check=True)
+        subprocess.run([*pip, "ray[serve]"], check=True)
+        _install_carpool(pip, "[embedding]")
+    # Every run: Ray must run the same carpool code as the other variants, not a stale copy.
+    _install_carpool([*pip, "--no-deps", "--force-reinstall"], "")
+    return python
+
+
+def _install_carpool(pip: list[str], extras: str) -> None:
+    # Built from a copy, so the build leaves no build/ or egg-info behind in the working tree.
     with tempfile.TemporaryDirectory(prefix="carpool-src-") as folder:
         source = Path(folder) / "carpool"
         skip = shutil.ignore_patterns(".venv", ".cache", ".git", "build", "*.egg-info")
         shutil.copytree(REPO_DIR, source, ignore=skip)
-        subprocess.run([*pip, f"{source}[embedding]"], check=True)
-    return python
+        subprocess.run([*pip, f"{source}{extras}"], check=True)
 
 
 def environment() -> dict[str, str]:
