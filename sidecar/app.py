@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from carpool.sidecar import kserve_v1, oip
+from carpool.sidecar import kserve_v1, oip, openapi
 from carpool.sidecar.client import ModelClient
 from carpool.sidecar.config import SidecarConfig
 from carpool.sidecar.dataplane import DataPlane, forwarder
@@ -189,6 +189,10 @@ async def model_ready(request: web.Request) -> web.Response:
     return json_response(body, status=200 if is_ready else 503)
 
 
+async def openapi_document(request: web.Request) -> web.Response:
+    return json_response(openapi.document(version("carpool")))
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[REGISTRY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -256,4 +260,5 @@ async def create_app(config: SidecarConfig, registry: CollectorRegistry) -> web.
     routes.add_get("/v1/models/{name:[^/:]+}", model_ready)
     routes.add_post("/v1/models/{name:[^/:]+}:predict", v1_predict, name="v1-predict")
     routes.add_get("/metrics", metrics)
+    routes.add_get("/openapi.json", openapi_document)
     return app

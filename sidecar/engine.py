@@ -123,7 +123,8 @@ class Batcher:
         self._idle.set()
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._completed: deque[tuple[float, int]] = deque()
+        # (started, finished, items) of each answered batch of the last THROUGHPUT_WINDOW_S.
+        self._completed: deque[tuple[float, float, int]] = deque()
         # The model server's own limit, once its metadata is known.
         self._model_max_batch_size: int | None = None
 
@@ -209,15 +210,20 @@ class Batcher:
 
     def retry_after_s(self) -> int:
         """Seconds until the queue has likely drained, from throughput of the last seconds."""
-        self._prune_completed(self._loop.time())
-        done = sum(count for _, count in self._completed)
+        now = self._loop.time()
+        self._prune_completed(now)
+        done = sum(count for _, _, count in self._completed)
         if not done:
             return 1
-        rate = done / THROUGHPUT_WINDOW_S
+        # Items per second over the time those batches took, not over the whole window: at
+        # the start of a spike most of the window is idle time, which would promise a drain
+        # many times slower than the model's.
+        busy_since = min(started for started, _, _ in self._completed)
+        rate = done / max(now - busy_since, 1e-3)
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(self._queued / rate)))
 
     def _prune_completed(self, now: float) -> None:
-        while self._completed and self._completed[0][0] < now - THROUGHPUT_WINDOW_S:
+        while self._completed and self._completed[0][1] < now - THROUGHPUT_WINDOW_S:
             self._completed.popleft()
 
     def _capacity(self, key: BatchKey) -> int:
@@ -376,7 +382,7 @@ class Batcher:
         else:
             self._deliver(parts, results)
             # Only answered batches tell how fast the queue drains (for Retry-After).
-            self._completed.append((self._loop.time(), len(items)))
+            self._completed.append((started, self._loop.time(), len(items)))
         finally:
             now = self._loop.time()
             self._metrics.model_duration.observe(now - started)
