@@ -12,10 +12,11 @@ import pytest
 import yaml
 from support.kube_schema import apply_defaults
 
-from carpool.operator.batching import Batching
+from carpool.operator.batching import KNOBS, Batching
 from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
 from carpool.operator.spec import MODEL_MAX_BATCH_SIZE, SpecError
+from carpool.sidecar.config import BatchingSettings, apply_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -158,6 +159,21 @@ def test_batching_lives_in_the_config_map_only() -> None:
     assert fast_manifests["Deployment"] == slow_manifests["Deployment"]
     volumes = fast_manifests["Deployment"]["spec"]["template"]["spec"]["volumes"]
     assert {"name": "batching", "configMap": {"name": "m-batching"}} in volumes
+
+
+@pytest.mark.parametrize("end", ["minimum", "maximum"])
+def test_the_sidecar_accepts_every_batching_file_the_crd_allows(end: str) -> None:
+    # A file the sidecar refused would be ignored: the pods would keep their old settings.
+    batching = {knob.key: getattr(knob, end) for knob in KNOBS}
+    for dispatch in ("adaptive", "fixed"):
+        body = model(
+            model={"handler": "toy", "maxBatchSize": 1024},
+            batching={**batching, "dispatch": dispatch},
+        )
+        content = by_kind(render(body))["ConfigMap"]["data"]["batching.json"]
+        settings = apply_file(BatchingSettings(), content.encode())
+        assert settings.max_batch_size == batching["maxBatchSize"]
+        assert settings.dispatch == dispatch
 
 
 def _flag(command: list[str], name: str) -> str:
