@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup link tools demo test lint typecheck unit bench clean
+.PHONY: setup link tools demo test lint typecheck unit bench clean crd
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -30,6 +30,10 @@ tools:
 # The main job: model server and sidecar as two processes with MiniLM, then a short load.
 demo: link
 	$(VENV)/bin/carpool serve --handler text-embedding --demo-load
+
+# The CRD's spec.batching schema, written from carpool/contract/batching.py (the chart links it).
+crd: link
+	$(PY) -m carpool.contract.crd crds/batchedmodels.carpool.dev.yaml
 
 lint: setup
 	$(VENV)/bin/ruff check .

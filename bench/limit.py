@@ -20,11 +20,11 @@ from typing import get_args
 
 import torch
 
+from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.loadgen.workload import TextLength, text_items
 from carpool.model_server.config import parse
 from carpool.model_server.device import resolve_device, resolve_dtype
 from carpool.model_server.handler import HandlerSettings, load_handler_class
-from carpool.model_server.wire import BYTES, Item, Tensor
 
 
 def sample_items(

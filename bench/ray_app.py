@@ -25,8 +25,8 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.model_server.handler import HandlerSettings, load_handler_class
-from carpool.model_server.wire import Item, ItemResult, Tensor
 from carpool.sidecar import oip, tensors
 from carpool.sidecar.errors import SidecarError
 from carpool.sidecar.inference import InferResponse

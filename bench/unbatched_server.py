@@ -19,10 +19,10 @@ import click
 import torch
 from aiohttp import web
 
+from carpool.contract.wire import Item, Tensor
 from carpool.model_server.handler import HandlerSettings, load_handler_class
 from carpool.model_server.metrics import ModelMetrics
 from carpool.model_server.runner import Runner
-from carpool.model_server.wire import Item, Tensor
 from carpool.sidecar import oip, tensors
 from carpool.sidecar.errors import BadRequest, ModelError, SidecarError
 from carpool.sidecar.inference import InferResponse

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from carpool.model_server import wire
+from carpool.contract import wire
 from carpool.model_server.errors import BadRequest, ServerError
 from carpool.model_server.service import ModelService
 

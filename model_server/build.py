@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from carpool.contract.wire import Item
 from carpool.model_server.config import Config, key_name
 from carpool.model_server.device import resolve_device, resolve_dtype
 from carpool.model_server.errors import ConfigError
@@ -10,7 +11,6 @@ from carpool.model_server.metrics import ModelMetrics
 from carpool.model_server.runner import Runner
 from carpool.model_server.service import ModelService
 from carpool.model_server.warmup import zeros_item
-from carpool.model_server.wire import Item
 
 
 def build_service(config: Config) -> ModelService:

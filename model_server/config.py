@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from carpool.contract.pod import DRAIN_SECONDS, MODEL_MAX_BATCH_SIZE
 from carpool.model_server.errors import ConfigError
 
 Dtype = Literal["fp32", "fp16", "bf16"]
 DTYPES: tuple[Dtype, ...] = ("fp32", "fp16", "bf16")
 ENV_PREFIX = "CARPOOL_MODEL_"
-DEFAULT_MAX_BATCH_SIZE = 64
-DEFAULT_DRAIN_SECONDS = 30
+DEFAULT_MAX_BATCH_SIZE = MODEL_MAX_BATCH_SIZE
+DEFAULT_DRAIN_SECONDS = DRAIN_SECONDS
 _DEVICE = re.compile(r"auto|cpu|cuda:\d+")
 
 

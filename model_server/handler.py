@@ -16,38 +16,14 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from carpool.contract.handlers import BUILTIN_HANDLERS
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import Item, Tensor
 from carpool.model_server.errors import InvalidItem
-from carpool.model_server.wire import Item, Tensor
 
 BatchT = TypeVar("BatchT")
 OutputsT = TypeVar("OutputsT")
 ValidT = TypeVar("ValidT")
-
-BUILTINS: dict[str, str] = {
-    "toy": "carpool.model_server.handler_toy:ToyHandler",
-    "torchscript": "carpool.model_server.handler_torchscript:TorchScriptHandler",
-    "text-embedding": "carpool.model_server.handler_text_embedding:TextEmbeddingHandler",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """One input or output: per-item shape without the batch dimension, -1 for variable."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    platform: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    # True when `preprocess` pads items that differ in a variable dimension to one batch.
-    # The sidecar then batches such items together, grouped by length; otherwise it batches
-    # only numeric items of identical shape.
-    pads_variable_dims: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,12 +121,11 @@ def require_input(item: Item, spec: TensorSpec) -> Tensor:
 
 def load_handler_class(reference: str) -> type[AnyHandler]:
     """Resolve a built-in short name or `module:Class` to a Handler subclass."""
-    target = BUILTINS.get(reference, reference)
+    target = BUILTIN_HANDLERS.get(reference, reference)
     module_name, _, class_name = target.partition(":")
     if not class_name:
-        raise ValueError(
-            f"unknown handler {reference!r}: use one of {', '.join(BUILTINS)} or module:Class"
-        )
+        builtins = ", ".join(BUILTIN_HANDLERS)
+        raise ValueError(f"unknown handler {reference!r}: use one of {builtins} or module:Class")
     handler_class = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(handler_class, type) and issubclass(handler_class, Handler)):
         raise ValueError(f"{target!r} is not a carpool Handler subclass")

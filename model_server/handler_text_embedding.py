@@ -14,15 +14,10 @@ from typing import Any
 
 import torch
 
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import (
-    Handler,
-    Metadata,
-    Prepared,
-    TensorSpec,
-    split_valid,
-)
-from carpool.model_server.wire import BYTES, Item, Tensor
+from carpool.model_server.handler import Handler, Prepared, split_valid
 
 TEXT = TensorSpec("text", BYTES, (1,))
 EMBEDDING = TensorSpec("embedding", "FP32", (384,))

@@ -15,9 +15,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import Item, Tensor
 from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import Handler, Metadata, Prepared, TensorSpec, split_valid
-from carpool.model_server.wire import Item, Tensor
+from carpool.model_server.handler import Handler, Prepared, split_valid
 
 INPUT = TensorSpec("input", "FP32", (-1,))
 OUTPUT = TensorSpec("output", "FP32", (-1,))

@@ -12,16 +12,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import Item, Tensor
 from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import (
-    Handler,
-    Metadata,
-    Prepared,
-    TensorSpec,
-    require_input,
-    split_valid,
-)
-from carpool.model_server.wire import Item, Tensor
+from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
 
 WIDTH = 4
 INPUT = TensorSpec("input", "FP32", (WIDTH,))

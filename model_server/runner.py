@@ -20,11 +20,11 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
+from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool.model_server.fatal import is_fatal
 from carpool.model_server.handler import AnyHandler
 from carpool.model_server.metrics import ModelMetrics
-from carpool.model_server.wire import Item, ItemResult, Tensor
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
+from carpool.contract.metadata import ModelMetadata
+from carpool.contract.wire import Item, ItemResult
 from carpool.model_server.errors import NotReady
 from carpool.model_server.runner import Runner
-from carpool.model_server.wire import Item, ItemResult
 
 
 class ModelService:
@@ -42,13 +42,7 @@ class ModelService:
         return time.monotonic() - self._last_batch_at
 
     def metadata(self) -> dict[str, Any]:
-        """Open Inference Protocol style model metadata, plus the max batch size."""
-        metadata = self.runner.handler.metadata
-        return {
-            "name": self.name,
-            "platform": metadata.platform,
-            "inputs": [asdict(spec) for spec in metadata.inputs],
-            "outputs": [asdict(spec) for spec in metadata.outputs],
-            "max_batch_size": self.runner.max_batch_size,
-            "pads_variable_dims": metadata.pads_variable_dims,
-        }
+        """The model metadata document of `GET /metadata`."""
+        declared = self.runner.handler.metadata
+        served = ModelMetadata.served(declared, self.name, self.runner.max_batch_size)
+        return served.encode()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from carpool.model_server.handler import Metadata
-from carpool.model_server.wire import NUMPY_DTYPES, Item, Tensor
+from carpool.contract.metadata import Metadata
+from carpool.contract.wire import NUMPY_DTYPES, Item, Tensor
 
 
 def zeros_item(metadata: Metadata, shape: tuple[int, ...]) -> Item:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from carpool.operator.batching import DISPATCH_MODES, KNOBS, Batching
+from carpool.contract.batching import KNOBS, Batching
 
 DEFAULT_IMAGE = "ghcr.io/carpool-dev/carpool:0.1.0"
 # [registry[:port]/]path[:tag][@digest], lower-case path components (distribution's grammar).
@@ -23,7 +23,7 @@ _IMAGE = re.compile(
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 
 # Every setting by name; flag and variable names derive from it (see `flag`, `variable`).
-NAMES = ("image", "sidecar_image", *(knob.attribute for knob in KNOBS), "dispatch")
+NAMES = ("image", "sidecar_image", *(knob.attribute for knob in KNOBS))
 
 
 def is_image(reference: str) -> bool:
@@ -74,6 +74,13 @@ def _integer(setting: Setting, minimum: int, maximum: int) -> int:
     raise setting.fail(f"must be an integer from {minimum} to {maximum}")
 
 
+def _choice(setting: Setting, choices: tuple[str, ...]) -> str:
+    text = setting.text.strip()
+    if text in choices:
+        return text
+    raise setting.fail(f"must be one of {', '.join(choices)}")
+
+
 def parse_defaults(given: Mapping[str, Setting]) -> Defaults:
     """The defaults with each given setting (keyed by a name of NAMES) checked and applied."""
     unknown = set(given) - set(NAMES)
@@ -87,10 +94,11 @@ def parse_defaults(given: Mapping[str, Setting]) -> Defaults:
         sidecar_image = _image(given["sidecar_image"], allow_empty=True)
         defaults = replace(defaults, sidecar_image=sidecar_image)
     for knob in KNOBS:
-        if knob.attribute in given:
-            batching[knob.key] = _integer(given[knob.attribute], knob.minimum, knob.maximum)
-    if "dispatch" in given:
-        batching["dispatch"] = given["dispatch"].text.strip()
-        if batching["dispatch"] not in DISPATCH_MODES:
-            raise given["dispatch"].fail(f"must be one of {', '.join(DISPATCH_MODES)}")
+        setting = given.get(knob.attribute)
+        if setting is None:
+            continue
+        if knob.choices:
+            batching[knob.key] = _choice(setting, knob.choices)
+        else:
+            batching[knob.key] = _integer(setting, knob.minimum, knob.maximum)
     return replace(defaults, batching=defaults.batching.overlay(batching))

@@ -13,7 +13,7 @@ from typing import TypeVar
 import click
 from click.core import ParameterSource
 
-from carpool.operator.batching import KNOBS, Batching
+from carpool.contract.batching import KNOBS, Batching
 from carpool.operator.defaults import (
     DEFAULT_IMAGE,
     NAMES,

@@ -10,6 +10,21 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from carpool.contract.pod import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    DRAIN_SECONDS,
+    METRICS_PORT,
+    MODEL_SERVER_COMMAND,
+    MODEL_SERVER_URL,
+    SIDECAR_COMMAND,
+    SIDECAR_PORT,
+    SOCKET_DIR,
+    SOCKET_PATH,
+    ModelServerFlag,
+    SidecarFlag,
+)
+
 # DEFAULT_IMAGE: re-exported, the image a model gets when neither it nor the operator names one.
 from carpool.operator.defaults import DEFAULT_IMAGE as DEFAULT_IMAGE
 from carpool.operator.defaults import Defaults
@@ -21,18 +36,11 @@ VERSION = "v1alpha1"
 KIND = "BatchedModel"
 MANAGED_BY = "carpool"
 
-SOCKET_DIR = "/run/carpool"
-SOCKET_PATH = f"{SOCKET_DIR}/model.sock"
-CONFIG_DIR = "/etc/carpool"
-CONFIG_KEY = "batching.json"
-# After SIGTERM the sidecar sends what it queued for up to DRAIN_S; the model server serves
-# while those batches come (at most as long), then finishes the batch in flight. The kubelet
-# waits the grace period before SIGKILL: the drain plus a margin for the last batch and exit.
-DRAIN_S = 30
+# Both containers drain for DRAIN_SECONDS after SIGTERM, then the model server finishes the
+# batch in flight. The kubelet waits the grace period before SIGKILL: the drain plus a margin
+# for the last batch and exit.
 SHUTDOWN_MARGIN_S = 15
-TERMINATION_GRACE_S = DRAIN_S + SHUTDOWN_MARGIN_S
-SIDECAR_PORT = 8080
-METRICS_PORT = 9091
+TERMINATION_GRACE_S = DRAIN_SECONDS + SHUTDOWN_MARGIN_S
 RUN_AS = 65532
 
 # The restricted Pod Security Standard, per container.
@@ -89,21 +97,21 @@ def _metadata(spec: ModelSpec, name: str) -> Manifest:
 
 def _model_server(spec: ModelSpec) -> Manifest:
     command = [
-        "carpool", "model-server",
-        "--handler", spec.handler,
-        "--model-name", model_name(spec),
-        "--socket", SOCKET_PATH,
-        "--metrics-port", str(METRICS_PORT),
-        "--metrics-host", "0.0.0.0",
-        "--device", spec.device,
-        "--dtype", spec.dtype,
+        *MODEL_SERVER_COMMAND,
+        ModelServerFlag.HANDLER, spec.handler,
+        ModelServerFlag.MODEL_NAME, model_name(spec),
+        ModelServerFlag.SOCKET, SOCKET_PATH,
+        ModelServerFlag.METRICS_PORT, str(METRICS_PORT),
+        ModelServerFlag.METRICS_HOST, "0.0.0.0",
+        ModelServerFlag.DEVICE, spec.device,
+        ModelServerFlag.DTYPE, spec.dtype,
         # The model's limit, not spec.batching's: warm-up depends on it, so a change rolls the
         # pods, while the sidecar's batch size is re-tuned live through the ConfigMap.
-        "--max-batch-size", str(spec.model_max_batch_size),
-        "--drain-seconds", str(DRAIN_S),
+        ModelServerFlag.MAX_BATCH_SIZE, str(spec.model_max_batch_size),
+        ModelServerFlag.DRAIN_SECONDS, str(DRAIN_SECONDS),
     ]  # fmt: skip
     if spec.model_path:
-        command += ["--model-path", spec.model_path]
+        command += [ModelServerFlag.MODEL_PATH, spec.model_path]
     command += list(spec.args)
 
     mounts: list[Manifest] = [
@@ -151,25 +159,19 @@ def _model_server(spec: ModelSpec) -> Manifest:
 
 def _sidecar(spec: ModelSpec) -> Manifest:
     sidecar_resources = {"cpu": spec.sidecar_cpu, "memory": spec.sidecar_memory}
+    command = [
+        *SIDECAR_COMMAND,
+        SidecarFlag.MODEL_NAME, model_name(spec),
+        SidecarFlag.MODEL_SERVER, MODEL_SERVER_URL,
+        SidecarFlag.HOST, "0.0.0.0",
+        SidecarFlag.PORT, str(SIDECAR_PORT),
+        SidecarFlag.DRAIN_SECONDS, str(DRAIN_SECONDS),
+        SidecarFlag.CONFIG_FILE, f"{CONFIG_DIR}/{CONFIG_FILE}",
+    ]  # fmt: skip
     return {
         "name": "sidecar",
         "image": spec.sidecar_image,
-        "command": [
-            "carpool",
-            "sidecar",
-            "--model-name",
-            model_name(spec),
-            "--model-server",
-            f"unix://{SOCKET_PATH}",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(SIDECAR_PORT),
-            "--drain-seconds",
-            str(DRAIN_S),
-            "--config-file",
-            f"{CONFIG_DIR}/{CONFIG_KEY}",
-        ],
+        "command": command,
         "ports": [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
         "readinessProbe": {
             "httpGet": {"path": "/v2/health/ready", "port": "http"},
@@ -278,7 +280,7 @@ def config_map(spec: ModelSpec) -> Manifest:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(spec, config_map_name(spec)),
-        "data": {CONFIG_KEY: content},
+        "data": {CONFIG_FILE: content},
     }
 
 

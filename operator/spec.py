@@ -13,13 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from carpool.operator.batching import Batching
+from carpool.contract.batching import Batching
+from carpool.contract.handlers import BUILTIN_HANDLERS
+from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults, is_image
 from carpool.operator.types import Manifest
 
-BUILTIN_HANDLERS = ("toy", "torchscript", "text-embedding")
-# spec.model.maxBatchSize when unset: the CRD's default, which is also the model server's own.
-MODEL_MAX_BATCH_SIZE = 64
 _HANDLER_CLASS = re.compile(
     r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 )

@@ -118,7 +118,7 @@ def desired_status(
     *,
     generation: int,
     url: str,
-    batching: Mapping[str, int | str] | None,
+    batching: Mapping[str, float | str] | None,
 ) -> Manifest:
     """The status to write; `batching` None leaves `status.batching` as it is."""
     status: Manifest = {

@@ -12,9 +12,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from carpool.model_server import wire
+from carpool.contract import wire
+from carpool.contract.metadata import MetadataError, ModelMetadata
 from carpool.sidecar.errors import BadModelResponse, ModelUnreachable, Unavailable
-from carpool.sidecar.model_metadata import ModelMetadata
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
@@ -42,7 +42,10 @@ class ModelClient:
 
     async def metadata(self) -> ModelMetadata:
         document = await self._get_json("/metadata")
-        return ModelMetadata.parse(document)
+        try:
+            return ModelMetadata.decode(document)
+        except MetadataError as error:
+            raise BadModelResponse(str(error)) from error
 
     async def _get_json(self, path: str) -> Any:
         try:

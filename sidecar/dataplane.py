@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from carpool.model_server.wire import Item, ItemResult, Tensor
+from carpool.contract.metadata import ModelMetadata, TensorSpec
+from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.sidecar.client import ModelClient
 from carpool.sidecar.engine import Batcher, Send
 from carpool.sidecar.errors import (
@@ -25,7 +26,6 @@ from carpool.sidecar.errors import (
 )
 from carpool.sidecar.health import ModelState
 from carpool.sidecar.inference import InferRequest, InferResponse
-from carpool.sidecar.model_metadata import ModelMetadata, TensorSpec
 from carpool.sidecar.oip import MODEL_VERSION
 from carpool.sidecar.pending import BatchKey, PendingRequest
 from carpool.sidecar.tensors import RequestTensor, element_count, split, stack

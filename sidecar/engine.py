@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from carpool.model_server.wire import Item, ItemResult
+from carpool.contract.wire import Item, ItemResult
 from carpool.sidecar.config import BatchingSettings
 from carpool.sidecar.errors import (
     BadModelResponse,

@@ -6,9 +6,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from carpool.contract.metadata import ModelMetadata
 from carpool.sidecar.client import ModelClient
 from carpool.sidecar.errors import SidecarError
-from carpool.sidecar.model_metadata import ModelMetadata
 
 log = logging.getLogger(__name__)
 

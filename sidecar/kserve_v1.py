@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from carpool.model_server.wire import BYTES
+from carpool.contract.metadata import ModelMetadata
+from carpool.contract.wire import BYTES
 from carpool.sidecar.errors import BadRequest
 from carpool.sidecar.inference import InferRequest, InferResponse
-from carpool.sidecar.model_metadata import ModelMetadata
 from carpool.sidecar.oip import loads
 from carpool.sidecar.tensors import RequestTensor, from_json, json_values
 

@@ -13,14 +13,9 @@ import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from carpool.contract.batching import DISPATCH_MODES, Dispatch
 from carpool.sidecar.app import DATAPLANE, create_app
-from carpool.sidecar.config import (
-    DISPATCH_MODES,
-    BatchingSettings,
-    ConfigError,
-    Dispatch,
-    SidecarConfig,
-)
+from carpool.sidecar.config import BatchingSettings, ConfigError, SidecarConfig
 
 log = logging.getLogger("carpool.sidecar")
 # After the drain every accepted request has its answer; this only bounds writing them out.

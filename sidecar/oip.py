@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from carpool.model_server.wire import DATATYPES
+from carpool.contract.wire import DATATYPES
 from carpool.sidecar.errors import BadRequest
 from carpool.sidecar.inference import InferRequest, InferResponse, RequestedOutput
 from carpool.sidecar.tensors import RequestTensor, binary_bytes, from_binary, from_json, json_values

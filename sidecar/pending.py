@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from carpool.model_server.wire import Item, ItemResult
+from carpool.contract.wire import Item, ItemResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from carpool.model_server.wire import BYTES, NUMPY_DTYPES, Tensor
+from carpool.contract.wire import BYTES, NUMPY_DTYPES, Tensor
 from carpool.sidecar.errors import BadModelResponse, BadRequest
 
 Array = npt.NDArray[Any]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from chart.rendering import CHART, NAMESPACE, REPO, VARIANTS, Manifest, by_kind, helm, one, render
 
-from carpool.operator.batching import Batching
+from carpool.contract.batching import Batching
 from carpool.operator.defaults import Defaults
 
 KUBERNETES_VERSION = "1.35"

@@ -10,15 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from carpool.model_server.handler import (
-    Handler,
-    Metadata,
-    Prepared,
-    TensorSpec,
-    require_input,
-    split_valid,
-)
-from carpool.model_server.wire import Item, Tensor
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import Item, Tensor
+from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
 
 INPUT = TensorSpec("input", "FP32", (-1,))
 OUTPUT = TensorSpec("output", "FP32", (-1,))

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from carpool.contract.wire import Tensor
 from carpool.model_server.errors import DeviceFailed
 from carpool.model_server.handler import HandlerSettings
 from carpool.model_server.handler_toy import ToyHandler
 from carpool.model_server.metrics import ModelMetrics
 from carpool.model_server.runner import Runner
-from carpool.model_server.wire import Tensor
 
 
 class CountingToy(ToyHandler):

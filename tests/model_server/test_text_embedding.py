@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentence_transformers import SentenceTransformer
 from support.model_server import ModelServer, http_get, post_batch, run_model_server
 
+from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool.model_server.handler import HandlerSettings
 from carpool.model_server.handler_text_embedding import MAX_TOKENS, TextEmbeddingHandler
-from carpool.model_server.wire import BYTES, ItemResult, Tensor
 
 SENTENCES = [
     "A cat sits on the mat.",

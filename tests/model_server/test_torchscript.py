@@ -9,7 +9,7 @@ import pytest
 import torch
 from support.model_server import post_batch, run_model_server
 
-from carpool.model_server.wire import Tensor
+from carpool.contract.wire import Tensor
 
 # TorchScript is deprecated upstream but remains the format this handler serves.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")

@@ -23,8 +23,8 @@ from support.model_server import (
     stop,
 )
 
-from carpool.model_server import wire
-from carpool.model_server.wire import ItemResult, Tensor
+from carpool.contract import wire
+from carpool.contract.wire import ItemResult, Tensor
 
 HERE = Path(__file__).resolve().parent
 

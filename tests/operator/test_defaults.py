@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from carpool.operator.batching import Batching
+from carpool.contract.batching import Batching
 from carpool.operator.defaults import (
     DEFAULT_IMAGE,
     NAMES,
@@ -66,7 +66,15 @@ def test_every_setting_parses_from_text() -> None:
     assert parse_defaults(given) == Defaults(
         image="registry.local:5000/carpool:1",
         sidecar_image="registry.local:5000/sidecar:1",
-        batching=Batching(64, 0, 4, 99, 1500, "fixed", 4096),
+        batching=Batching(
+            max_batch_size=64,
+            max_wait_ms=0,
+            max_inflight_batches=4,
+            max_queue_items=99,
+            timeout_ms=1500,
+            max_batch_tokens=4096,
+            dispatch="fixed",
+        ),
     )
 
 

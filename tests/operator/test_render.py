@@ -12,10 +12,11 @@ import pytest
 import yaml
 from support.kube_schema import apply_defaults
 
-from carpool.operator.batching import KNOBS, Batching
+from carpool.contract.batching import DISPATCH_MODES, KNOBS, Batching
+from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
-from carpool.operator.spec import MODEL_MAX_BATCH_SIZE, SpecError
+from carpool.operator.spec import SpecError
 from carpool.sidecar.config import BatchingSettings, apply_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,10 +163,10 @@ def test_batching_lives_in_the_config_map_only() -> None:
 
 
 @pytest.mark.parametrize("end", ["minimum", "maximum"])
-def test_the_sidecar_accepts_every_batching_file_the_crd_allows(end: str) -> None:
+def test_the_sidecar_accepts_the_batching_file_rendered_at_every_bound(end: str) -> None:
     # A file the sidecar refused would be ignored: the pods would keep their old settings.
-    batching = {knob.key: getattr(knob, end) for knob in KNOBS}
-    for dispatch in ("adaptive", "fixed"):
+    batching = {knob.key: getattr(knob, end) for knob in KNOBS if not knob.choices}
+    for dispatch in DISPATCH_MODES:
         body = model(
             model={"handler": "toy", "maxBatchSize": 1024},
             batching={**batching, "dispatch": dispatch},
@@ -194,10 +195,8 @@ def test_model_limit_is_the_model_servers_max_batch_size() -> None:
 
 def test_model_server_default_is_the_crd_default() -> None:
     """A spec without the key (carpool render -f) gets what the API server would fill in."""
-    from carpool.model_server.config import DEFAULT_MAX_BATCH_SIZE
-
     limit = SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]["maxBatchSize"]
-    assert limit["default"] == MODEL_MAX_BATCH_SIZE == DEFAULT_MAX_BATCH_SIZE
+    assert limit["default"] == MODEL_MAX_BATCH_SIZE
     assert (limit["minimum"], limit["maximum"]) == (1, 1024)
 
 

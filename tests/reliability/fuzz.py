@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from reliability.traffic import Outcome, call, rows_for, statuses
 from support.sidecar import Sidecar, run_pair
 
-from carpool.model_server.wire import DATATYPES
+from carpool.contract.wire import DATATYPES
 
 # The toy model's deliberate failure, which a NaN in binary FP32 data reaches legitimately.
 POISON_MESSAGE = b"toy model refuses NaN"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from reliability.poison import Plan, broken_promises, run, summary
 from support.model_server import ModelServer, post_batch, run_model_server
 
-from carpool.model_server.wire import Tensor
+from carpool.contract.wire import Tensor
 
 GOOD, POISON, INVALID = "good", "poison", "invalid"
 

@@ -6,9 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import Handler, Metadata, Prepared, TensorSpec, split_valid
-from carpool.model_server.wire import BYTES, Item, Tensor
+from carpool.model_server.handler import Handler, Prepared, split_valid
 
 TEXT = TensorSpec("text", BYTES, (1,))
 SHOUT = TensorSpec("shout", BYTES, (1,))

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from carpool.model_server.wire import Item, ItemResult, Tensor
+from carpool.contract.metadata import ModelMetadata, TensorSpec
+from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.sidecar.config import BatchingSettings
 from carpool.sidecar.dataplane import DataPlane
 from carpool.sidecar.engine import Batcher
@@ -18,7 +19,6 @@ from carpool.sidecar.errors import BadModelResponse, ModelError
 from carpool.sidecar.health import ModelState
 from carpool.sidecar.inference import InferRequest
 from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.model_metadata import ModelMetadata, TensorSpec
 from carpool.sidecar.tensors import RequestTensor
 
 Answer = Callable[[Sequence[Item]], list[ItemResult]]

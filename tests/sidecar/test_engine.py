@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from carpool.model_server.wire import Item, ItemResult, Tensor
+from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.sidecar.config import BatchingSettings
 from carpool.sidecar.engine import Batcher
 from carpool.sidecar.errors import (

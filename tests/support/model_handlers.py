@@ -11,8 +11,8 @@ import time
 
 import torch
 
+from carpool.contract.wire import Item, Tensor
 from carpool.model_server.handler_toy import ToyHandler
-from carpool.model_server.wire import Item, Tensor
 
 
 class SlowLoadHandler(ToyHandler):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from carpool.model_server import wire
+from carpool.contract import wire
 from support.processes import free_port, stop_process
 
 __all__ = ["free_port"]  # re-exported: tests import it from here

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from carpool.model_server import wire
-from carpool.model_server.wire import BYTES, ItemResult, Tensor, WireError
+from carpool.contract import wire
+from carpool.contract.wire import BYTES, ItemResult, Tensor, WireError
 
 
 def round_trip_item(item: dict[str, Tensor]) -> dict[str, Tensor]:

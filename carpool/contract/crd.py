@@ -1,0 +1,89 @@
+"""Write the CRD's `spec.batching` schema from the knobs: `python -m carpool.contract.crd FILE`.
+
+Only that block of the file is rewritten, so the rest of the CRD (hand-written, with its
+comments and CEL rules) stays as it is. `make crd` runs this; a test fails when the committed
+CRD differs from what it would write.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from carpool.contract.batching import KNOBS, Knob
+
+# Where the block sits in the CRD: under spec's properties, before status.
+_SPEC = "            spec:"
+_INDENT = " " * 16
+_HEADER = f"{_INDENT}batching:"
+_WIDTH = 98  # the column the rest of the file wraps at
+_DESCRIPTION = (
+    "The sidecar's batching knobs, rendered into a ConfigMap that the sidecar re-reads live: "
+    "changing them does not restart the pods. A knob left unset takes the operator's default "
+    "(the chart's defaults.* values); status.batching shows the values in use."
+)
+
+
+def _property(knob: Knob) -> dict[str, Any]:
+    # No schema default: the operator's defaults (which the chart may set) fill what is unset.
+    unset = (
+        f"Unset: the operator's default, {knob.default} unless the chart sets defaults.{knob.key}."
+    )
+    schema: dict[str, Any] = {"description": f"{knob.description} {unset}"}
+    if knob.choices:
+        return {"type": "string", **schema, "enum": list(knob.choices)}
+    # Integers even where the sidecar takes fractions: Kubernetes APIs avoid floats.
+    return {"type": "integer", **schema, "minimum": knob.minimum, "maximum": knob.maximum}
+
+
+def batching_schema() -> dict[str, Any]:
+    """The OpenAPI schema of spec.batching."""
+    return {
+        "type": "object",
+        "description": _DESCRIPTION,
+        "properties": {knob.key: _property(knob) for knob in KNOBS},
+    }
+
+
+def _lines(node: dict[str, Any], indent: str) -> list[str]:
+    lines = []
+    for key, value in node.items():
+        if isinstance(value, dict):
+            lines += [f"{indent}{key}:", *_lines(value, indent + "  ")]
+        elif isinstance(value, list):
+            lines.append(f"{indent}{key}: [{', '.join(str(item) for item in value)}]")
+        elif key == "description":
+            wrapped = textwrap.wrap(value, _WIDTH - len(indent) - 2, break_on_hyphens=False)
+            lines += [f"{indent}{key}: >-", *(f"{indent}  {line}" for line in wrapped)]
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return lines
+
+
+def with_batching(crd: str) -> str:
+    """The CRD text with its spec.batching block written from the knobs."""
+    lines = crd.splitlines()
+    try:
+        start = lines.index(_HEADER, lines.index(_SPEC))
+    except ValueError:
+        raise ValueError(f"no {_HEADER.strip()!r} under {_SPEC.strip()!r}") from None
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end].startswith(_INDENT + " ")):
+        end += 1
+    block = [_HEADER, *_lines(batching_schema(), _INDENT + "  ")]
+    return "\n".join([*lines[:start], *block, *lines[end:]]) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m carpool.contract.crd CRD_FILE", file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    path.write_text(with_batching(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
