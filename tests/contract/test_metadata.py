@@ -1,0 +1,50 @@
+"""The model metadata document, written by the model server and read by the sidecar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from carpool.contract.handlers import BUILTIN_HANDLERS
+from carpool.contract.metadata import Metadata, MetadataError, ModelMetadata, TensorSpec
+from carpool.model_server.handler import Handler, load_handler_class
+
+DECLARED = Metadata(
+    platform="test",
+    inputs=(TensorSpec("text", "BYTES", (1,)),),
+    outputs=(TensorSpec("embedding", "FP32", (-1, 384)),),
+    pads_variable_dims=True,
+)
+
+
+def test_a_served_document_reads_back_as_it_was_written() -> None:
+    served = ModelMetadata.served(DECLARED, "minilm", 64)
+    document = orjson.loads(orjson.dumps(served.encode()))  # as it crosses the socket
+    assert ModelMetadata.decode(document) == served
+    assert document["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [1]}]
+    assert served.output("embedding") == DECLARED.outputs[0]
+    assert served.input("embedding") is None
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"max_batch_size": "lots"}, "lots"),
+        ({"inputs": [{"name": "x", "datatype": "FP128", "shape": [1]}]}, "FP128"),
+        ({"outputs": [{"name": "y", "shape": [1]}]}, "datatype"),
+        ({"pads_variable_dims": "yes"}, "pads_variable_dims"),
+    ],
+)
+def test_a_malformed_document_names_what_is_wrong(change: dict[str, Any], words: str) -> None:
+    document = {**ModelMetadata.served(DECLARED, "m", 8).encode(), **change}
+    with pytest.raises(MetadataError, match=words):
+        ModelMetadata.decode(document)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_HANDLERS))
+def test_every_built_in_name_is_a_handler(name: str) -> None:
+    handler_class = load_handler_class(name)
+    assert issubclass(handler_class, Handler)
+    assert isinstance(handler_class.metadata, Metadata)

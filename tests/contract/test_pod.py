@@ -1,0 +1,84 @@
+"""The pod the operator renders, read by the two programs it runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from carpool.contract.pod import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    DRAIN_SECONDS,
+    MODEL_MAX_BATCH_SIZE,
+    MODEL_SERVER_COMMAND,
+    MODEL_SERVER_URL,
+    SIDECAR_COMMAND,
+    SIDECAR_PORT,
+    SOCKET_PATH,
+)
+from carpool.model_server import config as model_server_config
+from carpool.model_server.main import command as model_server_command
+from carpool.operator.render import render
+from carpool.sidecar.main import command as sidecar_command
+
+BODY = {
+    "metadata": {"name": "m", "namespace": "ml"},
+    "spec": {"model": {"handler": "torchscript", "modelPath": "/models/m.pt"}},
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_carpool_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The programs read CARPOOL_* variables too; only the command lines count here.
+    for name in [name for name in os.environ if name.startswith("CARPOOL_")]:
+        monkeypatch.delenv(name)
+
+
+def pod_commands() -> dict[str, list[str]]:
+    (deployment,) = [m for m in render(BODY) if m["kind"] == "Deployment"]
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return {container["name"]: container["command"] for container in containers}
+
+
+def parse(command: click.Command, argv: list[str]) -> dict[str, Any]:
+    """The options `argv` gives `command`; click refuses a flag it does not define."""
+    return command.make_context(argv[1], argv[2:]).params
+
+
+def test_the_model_server_reads_its_pod_command() -> None:
+    argv = pod_commands()["model-server"]
+    assert tuple(argv[:2]) == MODEL_SERVER_COMMAND
+    config = model_server_config.parse(parse(model_server_command, argv))
+    assert config.handler == "torchscript"
+    assert config.model_path == Path("/models/m.pt")
+    assert config.socket == Path(SOCKET_PATH)
+    assert config.metrics_host == "0.0.0.0"
+    assert config.max_batch_size == MODEL_MAX_BATCH_SIZE
+    assert config.drain_seconds == DRAIN_SECONDS
+
+
+def test_the_sidecar_reads_its_pod_command() -> None:
+    argv = pod_commands()["sidecar"]
+    assert tuple(argv[:2]) == SIDECAR_COMMAND
+    options = parse(sidecar_command, argv)
+    assert options["model_name"] == "m"
+    assert options["model_server"] == MODEL_SERVER_URL == f"unix://{SOCKET_PATH}"
+    assert (options["host"], options["port"]) == ("0.0.0.0", SIDECAR_PORT)
+    assert options["drain_seconds"] == DRAIN_SECONDS
+    assert options["config_file"] == f"{CONFIG_DIR}/{CONFIG_FILE}"
+
+
+def test_a_local_run_defaults_to_what_the_pod_is_told() -> None:
+    """`carpool sidecar` and `carpool model-server` started by hand meet like in a pod."""
+    sidecar = parse(sidecar_command, ["carpool", "sidecar", "--model-name", "m"])
+    assert sidecar["model_server"] == MODEL_SERVER_URL
+    assert sidecar["port"] == SIDECAR_PORT
+    assert sidecar["drain_seconds"] == DRAIN_SECONDS
+    argv = ["carpool", "model-server", "--handler", "toy", "--socket", SOCKET_PATH]
+    model_server = model_server_config.parse(parse(model_server_command, argv))
+    assert model_server.max_batch_size == MODEL_MAX_BATCH_SIZE
+    assert model_server.drain_seconds == DRAIN_SECONDS
