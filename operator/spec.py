@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from carpool.contract.batching import Batching
+from carpool.contract.batching import KNOB_BY_KEY, Batching
 from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults, is_image
@@ -129,6 +129,12 @@ def _weights(model: Mapping[str, Any]) -> Weights:
     return Weights(kind="image")
 
 
+def _known(batching: Mapping[str, Any]) -> dict[str, Any]:
+    """spec.batching without keys that are no knob's: the API server prunes those, and a file
+    given to `carpool render` gets the same."""
+    return {key: value for key, value in batching.items() if key in KNOB_BY_KEY}
+
+
 def _check_handler(handler: str) -> None:
     if handler not in BUILTIN_HANDLERS and not _HANDLER_CLASS.match(handler):
         raise SpecError(
@@ -190,7 +196,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
         priority_class_name=str(spec.get("priorityClassName", "")),
         image_pull_secrets=tuple(str(s["name"]) for s in spec.get("imagePullSecrets", [])),
         service_account_name=str(spec.get("serviceAccountName", "")),
-        batching=defaults.batching.overlay(batching),
+        batching=defaults.batching.overlay(_known(batching)),
         sidecar_image=sidecar_image,
         sidecar_cpu=str(sidecar_resources.get("cpu", "500m")),
         sidecar_memory=str(sidecar_resources.get("memory", "256Mi")),
