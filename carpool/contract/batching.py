@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 Dispatch = Literal["adaptive", "fixed"]
-DISPATCH_MODES: tuple[Dispatch, ...] = ("adaptive", "fixed")
+DISPATCH_MODES: tuple[Dispatch, ...] = get_args(Dispatch)
 
 
 @dataclass(frozen=True, slots=True)
