@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from carpool import processes
+from carpool.processes import free_port
 from support.kube_api import KubeApiServer
-from support.processes import free_port, stop_process
 
 __all__ = ["free_port"]  # re-exported: tests import it from here
 
@@ -121,4 +122,4 @@ def run_operator(
                     time.sleep(0.2)
             yield process
         finally:
-            stop_process(process, timeout_s=15)
+            processes.stop(process, timeout_s=15)

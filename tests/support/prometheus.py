@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support.processes import free_port, stop_process
+from carpool import processes
+from carpool.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / ".cache" / "tools" / "bin" / "prometheus"
@@ -158,4 +159,4 @@ def _wait_ready(prometheus: Prometheus, timeout_s: float) -> None:
 
 
 def _stop(prometheus: Prometheus, timeout_s: float = 10.0) -> None:
-    stop_process(prometheus.process, timeout_s)
+    processes.stop(prometheus.process, timeout_s)
