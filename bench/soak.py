@@ -66,7 +66,7 @@ def main(scenario: str, folder: Path | None, plan: tuple[str, ...]) -> None:
         ]
     )
     click.echo(f"logs in {folder}")
-    click.echo("verdict: " + ("every promise kept" if code == 0 else "broken promises"))
+    click.echo("verdict: " + ("every promise kept" if code == 0 else "failed, see above"))
     sys.exit(0 if code == 0 else 1)
 
 
