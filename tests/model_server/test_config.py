@@ -62,7 +62,7 @@ def test_example_shape() -> None:
     ("args", "key", "value"),
     [
         (("--dtype", "fp8"), "--dtype", "'fp8'"),
-        (("--max-batch-size", "0"), "--max-batch-size", "0"),
+        (("--max-batch-size", "0"), "CARPOOL_MODEL_MAX_BATCH_SIZE", "0"),
         (("--torch-threads", "many"), "--torch-threads", "'many'"),
         (("--warmup-sizes", ","), "--warmup-sizes", "','"),
         (("--example-shape", "3x224"), "--example-shape", "'3x224'"),
@@ -75,7 +75,7 @@ def test_bad_values_are_refused_naming_flag_and_value(
     with pytest.raises(click.BadParameter) as raised:
         parse(*BASE, *args)
     message = raised.value.format_message()
-    assert key in str(raised.value.param_hint or message) and value in message
+    assert key in message and value in message
 
 
 @pytest.mark.parametrize(
