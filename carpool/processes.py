@@ -76,7 +76,7 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
 
 
 def wait_ready(
-    processes: Sequence[subprocess.Popen[Any]],
+    children: Sequence[subprocess.Popen[Any]],
     ready: Callable[[], bool],
     timeout_s: float,
     what: str,
@@ -84,13 +84,13 @@ def wait_ready(
 ) -> bool:
     """Poll `ready` until it is true (True), or until `stop` is set (False).
 
-    Raises NotReady when one of `processes` exits first or `timeout_s` passes.
+    Raises NotReady when one of `children` exits first or `timeout_s` passes.
     """
     deadline = time.monotonic() + timeout_s
     while not ready():
-        for process in processes:
-            if process.poll() is not None:
-                raise NotReady(f"{what} exited {process.returncode} before it was ready")
+        for child in children:
+            if child.poll() is not None:
+                raise NotReady(f"{what} exited {child.returncode} before it was ready")
         if time.monotonic() > deadline:
             raise NotReady(f"{what} not ready after {timeout_s:g} s")
         if (stop or threading.Event()).wait(POLL_S):

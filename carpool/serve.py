@@ -25,6 +25,8 @@ from carpool.demo import report_lines, run_demo
 
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 40.0
+# How often a running pair is checked for a child that exited on its own.
+WATCH_S = 0.2
 # Batching flags handed to the sidecar as given.
 BATCHING_FLAGS = (
     ("max-batch-size", int),
@@ -127,7 +129,7 @@ def _serve(
                 click.echo(line)
             return 0 if cell.ok == cell.requests else 1
         # 0 after a signal; 1 when a child exits on its own.
-        while not stop.wait(processes.POLL_S * 4):
+        while not stop.wait(WATCH_S):
             if model.poll() is not None or sidecar.poll() is not None:
                 return 1
         return 0
