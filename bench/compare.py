@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import servers
 import summary
 
+from carpool import processes
+from carpool.comma_list import CommaList
 from carpool.loadgen import runner, workload
 from carpool.sidecar.config import BatchingSettings
 
@@ -37,31 +39,30 @@ DEFAULTS = BatchingSettings()
 LIMIT_SCRIPT = servers.BENCH_DIR / "limit.py"
 
 
-def _cpus(value: str | None) -> frozenset[int] | None:
+class CpuRange(click.ParamType):
+    """One part of a CPU list: 3, or 1-3."""
+
+    name = "cpus"
+
+    def convert(
+        self, value: str, param: click.Parameter | None, ctx: click.Context | None
+    ) -> range:
+        first, _, last = value.partition("-")
+        try:
+            return range(int(first), int(last or first) + 1)
+        except ValueError:
+            self.fail(f"{value!r} is not a CPU like 0 or a range like 1-3", param, ctx)
+
+
+def _cpus(ranges: tuple[range, ...] | None) -> frozenset[int] | None:
     """A CPU list such as 0 or 1-3,6 (as taskset takes it)."""
-    if value is None:
+    if ranges is None:
         return None
-    cpus: set[int] = set()
-    try:
-        for part in value.split(","):
-            first, _, last = part.partition("-")
-            cpus.update(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a CPU list like 0 or 1-3,6") from None
+    cpus = frozenset(cpu for part in ranges for cpu in part)
     unknown = cpus - os.sched_getaffinity(0)
     if not cpus or unknown:
         raise click.BadParameter(f"CPUs {sorted(unknown)} are not available here")
-    return frozenset(cpus)
-
-
-def _levels(value: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
-    if not levels or min(levels) < 1:
-        raise click.BadParameter(f"concurrencies must be at least 1, got {value!r}")
-    return levels
+    return cpus
 
 
 async def _measure(
@@ -146,7 +147,7 @@ def _limit(
         command,
         capture_output=True,
         text=True,
-        env=servers.environment(),
+        env=processes.environment(servers.OFFLINE),
         check=False,
         # On the servers' CPUs, like the servers it is compared with.
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
@@ -182,7 +183,12 @@ def _limit(
     "(a BYTES input named 'text') [default: text-embedding | toy]",
 )
 @click.option("--model-name", default=None, help="Name served in URLs [default: the handler].")
-@click.option("--concurrency", default=None, help="[default: 1,8,32,64; trivial: 64]")
+@click.option(
+    "--concurrency",
+    type=CommaList(click.IntRange(min=1)),
+    default=None,
+    help="[default: 1,8,32,64; trivial: 64]",
+)
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--duration", type=float, default=10.0, show_default=True, help="s per cell")
 @click.option("--warmup", type=float, default=3.0, show_default=True, help="s per server start")
@@ -201,9 +207,17 @@ def _limit(
 @click.option("--install-ray", is_flag=True, help=f"Build {servers.RAY_VENV} first.")
 @click.option("--no-limit", is_flag=True, help="Skip the in-process limit.")
 @click.option(
-    "--loadgen-cpus", default=None, help="Pin the load generator, e.g. 0 [default: unpinned]."
+    "--loadgen-cpus",
+    type=CommaList(CpuRange()),
+    default=None,
+    help="Pin the load generator, e.g. 0 [default: unpinned].",
 )
-@click.option("--server-cpus", default=None, help="Pin every server, e.g. 1-3 [default: unpinned].")
+@click.option(
+    "--server-cpus",
+    type=CommaList(CpuRange()),
+    default=None,
+    help="Pin every server, e.g. 1-3 [default: unpinned].",
+)
 @click.option("--ready-timeout", type=float, default=300.0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=None)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
@@ -211,7 +225,7 @@ def main(
     model: str,
     handler: str | None,
     model_name: str | None,
-    concurrency: str | None,
+    concurrency: tuple[int, ...] | None,
     rounds: int,
     duration: float,
     warmup: float,
@@ -223,8 +237,8 @@ def main(
     no_ray: bool,
     install_ray: bool,
     no_limit: bool,
-    loadgen_cpus: str | None,
-    server_cpus: str | None,
+    loadgen_cpus: tuple[range, ...] | None,
+    server_cpus: tuple[range, ...] | None,
     ready_timeout: float,
     results: Path | None,
     quiet: bool,
@@ -235,7 +249,7 @@ def main(
     if pinned_loadgen is not None:
         os.sched_setaffinity(0, pinned_loadgen)
     handler = handler or ("toy" if trivial else "text-embedding")
-    levels = _levels(concurrency or ("64" if trivial else "1,8,32,64"))
+    levels = concurrency or ((64,) if trivial else (1, 8, 32, 64))
     settings = servers.ModelSettings(
         handler=handler,
         model_name=model_name or handler,

@@ -16,13 +16,14 @@ import argparse
 import random
 import statistics
 import time
+from pathlib import Path
 from typing import get_args
 
 import torch
 
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.loadgen.workload import TextLength, text_items
-from carpool.model_server.config import parse
+from carpool.model_server.config import DTYPES, parse
 from carpool.model_server.device import resolve_device, resolve_dtype
 from carpool.model_server.handler import HandlerSettings, load_handler_class
 
@@ -52,7 +53,7 @@ def main() -> None:
     parser.add_argument("--handler", default="text-embedding")
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="fp32")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32")
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pool", type=int, default=64, help="items run through each size")
@@ -68,10 +69,10 @@ def main() -> None:
     config = parse(
         {
             "handler": args.handler,
-            "socket": "unused",
+            "socket": Path("unused"),
             "device": args.device,
             "dtype": args.dtype,
-            "max_batch_size": str(args.max_batch_size),
+            "max_batch_size": args.max_batch_size,
         }
     )
     torch.set_num_threads(args.torch_threads)

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from carpool import processes
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -67,10 +64,7 @@ def carpool(settings: ModelSettings) -> Variant:
     return Variant(
         "carpool",
         (
-            sys.executable,
-            "-m",
-            "carpool",
-            "serve",
+            *processes.carpool_command("serve"),
             *_common(settings),
             "--max-batch-size",
             str(settings.max_batch_size),
@@ -118,7 +112,7 @@ def ray_python(install: bool) -> Path | None:
     if not python.exists():
         if not install:
             return None
-        subprocess.run([sys.executable, "-m", "venv", str(RAY_VENV)], check=True)
+        subprocess.run([sys.executable, "-P", "-m", "venv", str(RAY_VENV)], check=True)
         subprocess.run([*pip, TORCH_SPEC], check=True)
         subprocess.run([*pip, "ray[serve]"], check=True)
         _install_carpool(pip, "[embedding]")
@@ -136,20 +130,7 @@ def _install_carpool(pip: list[str], extras: str) -> None:
         subprocess.run([*pip, f"{source}{extras}"], check=True)
 
 
-def environment() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONSAFEPATH": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,14 +162,6 @@ class Running:
         return totals
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + READY_PATH, timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 @contextmanager
 def started(
     variant: Variant, log_path: Path, timeout_s: float, cpus: frozenset[int] | None = None
@@ -197,29 +170,25 @@ def started(
 
     With `cpus`, the server and every process it starts run on those CPUs only.
     """
-    port = free_port()
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [*variant.command, "--port", str(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=environment(),
-            start_new_session=True,
-            # Set in the child before exec, so that its own children inherit it.
-            preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
-        )
+    port = processes.free_port()
+    process = processes.spawn(
+        [*variant.command, "--port", str(port)],
+        log_path,
+        OFFLINE,
+        start_new_session=True,
+        # Set in the child before exec, so that its own children inherit it.
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+    )
     running = Running(variant.name, f"http://127.0.0.1:{port}", process, log_path)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _ready(running.url):
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"{variant.name} exited {process.returncode}; log {log_path}:\n"
-                    + log_path.read_text(errors="replace")[-3000:]
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{variant.name} not ready after {timeout_s:g}s; see {log_path}")
-            time.sleep(0.2)
+        ready = running.url + READY_PATH
+        try:
+            processes.wait_ready(
+                [process], lambda: processes.http_ok(ready), timeout_s, variant.name
+            )
+        except processes.NotReady as error:
+            log = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{error}; log {log_path}:\n{log}") from None
         yield running
     finally:
         _stop(process)
@@ -235,13 +204,7 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
         tree = psutil.Process(process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         tree = []
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        with suppress(subprocess.TimeoutExpired):
-            process.wait(timeout_s)
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+    processes.stop(process, timeout_s, group=True)
     for child in tree:
         with suppress(psutil.NoSuchProcess):
             child.kill()
-    process.wait(timeout_s)

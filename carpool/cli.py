@@ -14,7 +14,7 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "model-server": "carpool.model_server.main:command",
     "sidecar": "carpool.sidecar.main:command",
-    "serve": "carpool.sidecar.serve:command",
+    "serve": "carpool.serve:command",
     "operator": "carpool.operator.main:command",
     "render": "carpool.operator.render_cli:command",
     "bench": "carpool.loadgen.main:command",

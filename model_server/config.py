@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from carpool.contract.pod import DRAIN_SECONDS, MODEL_MAX_BATCH_SIZE
 from carpool.model_server.errors import ConfigError
@@ -43,102 +42,73 @@ def key_name(option: str) -> str:
     return f"--{option.replace('_', '-')} ({ENV_PREFIX}{option.upper()})"
 
 
-def parse(raw: Mapping[str, str | None]) -> Config:
-    """Build a Config from flag/environment strings (None where unset); raise ConfigError."""
+class Options(TypedDict, total=False):
+    """The command line's values, converted by click; None (or absent) where unset."""
 
-    def text(option: str, default: str | None = None) -> str | None:
-        value = raw.get(option)
-        return default if value is None or value == "" else value
+    handler: str | None
+    model_name: str | None
+    model_path: Path | None
+    socket: Path | None
+    host: str | None
+    port: int | None
+    metrics_host: str | None
+    metrics_port: int | None
+    device: str | None
+    dtype: Dtype | None
+    max_batch_size: int | None
+    torch_threads: int | None
+    warmup_sizes: tuple[int, ...] | None
+    example_shape: tuple[int, ...] | None
+    drain_seconds: int | None
 
-    def integer(option: str, minimum: int) -> int | None:
-        value = text(option)
-        if value is None:
-            return None
-        try:
-            number = int(value)
-        except ValueError:
-            raise ConfigError(key_name(option), value, "must be an integer") from None
-        if number < minimum:
-            raise ConfigError(key_name(option), value, f"must be at least {minimum}")
-        return number
 
-    handler = text("handler")
-    if handler is None:
+def parse(options: Options) -> Config:
+    """Fill in defaults and check what no single option can; raise ConfigError."""
+    handler = options.get("handler")
+    if not handler:
         raise ConfigError(key_name("handler"), None, "is required (e.g. toy, text-embedding)")
-    socket, port = text("socket"), integer("port", 0)
+    socket, port = options.get("socket"), options.get("port")
     if (socket is None) == (port is None):
         raise ConfigError(
             key_name("socket"), socket, "give exactly one data listener: --socket or --port"
         )
-    device = text("device", "auto")
-    assert device is not None
+    device = options.get("device") or "auto"
     if not _DEVICE.fullmatch(device):
         raise ConfigError(key_name("device"), device, "must be auto, cpu or cuda:N")
-    dtype = text("dtype", "fp32")
-    if dtype not in DTYPES:
-        raise ConfigError(key_name("dtype"), dtype, f"must be one of {', '.join(DTYPES)}")
-    max_batch_size = integer("max_batch_size", 1) or DEFAULT_MAX_BATCH_SIZE
-    model_path = text("model_path")
+    max_batch_size = options.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE
+    model_path = options.get("model_path")
     if handler == "torchscript" and model_path is None:
         raise ConfigError(key_name("model_path"), None, "the torchscript handler needs a file")
+    drain_seconds = options.get("drain_seconds")
     return Config(
         handler=handler,
-        model_name=text("model_name", handler) or handler,
-        model_path=Path(model_path) if model_path else None,
-        socket=Path(socket) if socket else None,
-        host=text("host", "127.0.0.1") or "127.0.0.1",
+        model_name=options.get("model_name") or handler,
+        model_path=model_path,
+        socket=socket,
+        host=options.get("host") or "127.0.0.1",
         port=port,
-        metrics_host=text("metrics_host", "127.0.0.1") or "127.0.0.1",
-        metrics_port=integer("metrics_port", 0),
+        metrics_host=options.get("metrics_host") or "127.0.0.1",
+        metrics_port=options.get("metrics_port"),
         device=device,
-        dtype=dtype,
+        dtype=options.get("dtype") or "fp32",
         max_batch_size=max_batch_size,
-        torch_threads=integer("torch_threads", 1),
-        warmup_sizes=_warmup_sizes(text("warmup_sizes"), max_batch_size),
-        example_shape=_example_shape(text("example_shape")),
-        drain_seconds=_or_default(integer("drain_seconds", 0), DEFAULT_DRAIN_SECONDS),
+        torch_threads=options.get("torch_threads"),
+        warmup_sizes=_warmup_sizes(options.get("warmup_sizes"), max_batch_size),
+        example_shape=options.get("example_shape"),
+        drain_seconds=DEFAULT_DRAIN_SECONDS if drain_seconds is None else drain_seconds,
     )
 
 
-def _or_default(value: int | None, default: int) -> int:
-    return default if value is None else value
-
-
-def _warmup_sizes(value: str | None, max_batch_size: int) -> tuple[int, ...]:
-    """Powers of two up to the max batch size when unset (or empty, like every other option);
-    "none" turns warm-up off."""
-    if value is None:
-        sizes = [1]
-        while sizes[-1] * 2 <= max_batch_size:
-            sizes.append(sizes[-1] * 2)
-        if sizes[-1] != max_batch_size:
-            sizes.append(max_batch_size)
-        return tuple(sizes)
-    if value.strip().lower() == "none":
-        return ()
-    try:
-        sizes = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(
-            key_name("warmup_sizes"), value, "must be comma-separated integers"
-        ) from None
-    if not sizes:
-        raise ConfigError(key_name("warmup_sizes"), value, "give batch sizes, or none")
-    if any(size < 1 or size > max_batch_size for size in sizes):
-        raise ConfigError(key_name("warmup_sizes"), value, f"sizes must lie in 1..{max_batch_size}")
+def _warmup_sizes(sizes: tuple[int, ...] | None, max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two up to the max batch size when unset; () (from "none") turns warm-up off."""
+    if sizes is None:
+        powers = [1]
+        while powers[-1] * 2 <= max_batch_size:
+            powers.append(powers[-1] * 2)
+        if powers[-1] != max_batch_size:
+            powers.append(max_batch_size)
+        return tuple(powers)
+    if any(size > max_batch_size for size in sizes):
+        shown = ",".join(map(str, sizes))
+        raise ConfigError(key_name("warmup_sizes"), shown, f"sizes must lie in 1..{max_batch_size}")
     return tuple(sorted(set(sizes)))
-
-
-def _example_shape(value: str | None) -> tuple[int, ...] | None:
-    """The per-item shape of warm-up inputs, e.g. "3,224,224"; None when unset."""
-    if value is None:
-        return None
-    try:
-        shape = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise ConfigError(
-            key_name("example_shape"), value, "must be comma-separated integers, e.g. 3,224,224"
-        ) from None
-    if any(dim < 1 for dim in shape):
-        raise ConfigError(key_name("example_shape"), value, "every dimension must be at least 1")
-    return shape

@@ -11,11 +11,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from aiohttp import web
 
+from carpool.comma_list import CommaList
 from carpool.model_server import config as config_module
 from carpool.model_server.config import Config
 from carpool.model_server.errors import ConfigError
@@ -30,30 +31,47 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # sidecar gets the same SIGTERM and drains its queue through us, so we must outlive it.
 DRAIN_IDLE_S = 1.0
 
-OPTIONS: tuple[tuple[str, str], ...] = (
-    ("handler", "toy | torchscript | text-embedding | module:Class"),
-    ("model_name", "name in metrics and metadata (default: the handler name)"),
-    ("model_path", "model file, for the torchscript handler"),
-    ("socket", "Unix socket path of the data listener"),
-    ("host", "TCP data listener address (default 127.0.0.1), with --port"),
-    ("port", "TCP data listener port, instead of --socket"),
-    ("metrics_host", "address of the probe listener (default 127.0.0.1; 0.0.0.0 in pods)"),
-    ("metrics_port", "port of the probe listener: healthz, readyz, metadata, metrics only"),
-    ("device", "auto | cpu | cuda:N (default auto: CUDA when present)"),
-    ("dtype", "fp32 | fp16 | bf16 (default fp32; fp16 needs CUDA)"),
+PATH = click.Path(path_type=Path)
+AT_LEAST_0, AT_LEAST_1 = click.IntRange(min=0), click.IntRange(min=1)
+OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
+    ("handler", click.STRING, "toy | torchscript | text-embedding | module:Class"),
+    ("model_name", click.STRING, "name in metrics and metadata (default: the handler name)"),
+    ("model_path", PATH, "model file, for the torchscript handler"),
+    ("socket", PATH, "Unix socket path of the data listener"),
+    ("host", click.STRING, "TCP data listener address (default 127.0.0.1), with --port"),
+    ("port", AT_LEAST_0, "TCP data listener port, instead of --socket"),
+    (
+        "metrics_host",
+        click.STRING,
+        "address of the probe listener (default 127.0.0.1; 0.0.0.0 in pods)",
+    ),
+    (
+        "metrics_port",
+        AT_LEAST_0,
+        "port of the probe listener: healthz, readyz, metadata, metrics only",
+    ),
+    ("device", click.STRING, "auto | cpu | cuda:N (default auto: CUDA when present)"),
+    ("dtype", click.Choice(config_module.DTYPES), "default fp32; fp16 needs CUDA"),
     (
         "max_batch_size",
+        AT_LEAST_1,
         f"largest batch the model runs (default {config_module.DEFAULT_MAX_BATCH_SIZE})",
     ),
-    ("torch_threads", "torch intra-op threads; dominates CPU throughput"),
-    ("warmup_sizes", "comma-separated batch sizes run before ready, or none (default 1,2,4..max)"),
+    ("torch_threads", AT_LEAST_1, "torch intra-op threads; dominates CPU throughput"),
+    (
+        "warmup_sizes",
+        CommaList(AT_LEAST_1, none_word="none"),
+        "comma-separated batch sizes run before ready, or none (default 1,2,4..max)",
+    ),
     (
         "example_shape",
+        CommaList(AT_LEAST_1),
         "per-item input shape, e.g. 3,224,224: warm up with zeros of it "
         "(for handlers without an example item, such as torchscript)",
     ),
     (
         "drain_seconds",
+        AT_LEAST_0,
         "after SIGTERM, keep serving while batches still arrive, at most this long "
         f"(default {config_module.DEFAULT_DRAIN_SECONDS})",
     ),
@@ -61,20 +79,23 @@ OPTIONS: tuple[tuple[str, str], ...] = (
 
 
 def _with_options(function: Callable[..., None]) -> Callable[..., None]:
-    # Every option is read as text and validated in one place, config.parse.
-    for name, help_text in reversed(OPTIONS):
+    # click converts and bounds each option; config.parse adds defaults and cross-checks.
+    # An empty environment variable counts as unset, as click reads it.
+    for name, kind, help_text in reversed(OPTIONS):
         flag = "--" + name.replace("_", "-")
         envvar = config_module.ENV_PREFIX + name.upper()
-        function = click.option(flag, name, envvar=envvar, help=f"{help_text} [{envvar}]")(function)
+        function = click.option(
+            flag, name, type=kind, envvar=envvar, show_envvar=True, help=help_text
+        )(function)
     return function
 
 
 @click.command("model-server")
 @_with_options
-def command(**options: str | None) -> None:
+def command(**options: Any) -> None:
     """Serve a torch model: POST /batch runs a whole batch in one forward pass."""
     try:
-        config = config_module.parse(options)
+        config = config_module.parse(cast(config_module.Options, options))
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

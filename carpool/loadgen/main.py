@@ -8,32 +8,13 @@ from typing import Literal
 
 import click
 
+from carpool.comma_list import CommaList
 from carpool.loadgen import report, runner, workload
 
-DEFAULT_CONCURRENCY = "1,8,32,64"
+DEFAULT_CONCURRENCY = (1, 8, 32, 64)
 # Input tensor names of the built-in handlers, so `--payload` alone is enough.
 DEFAULT_INPUT_NAMES = {"text": "text", "toy": "input"}
 DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
-
-
-def _numbers(option: str, value: str) -> tuple[float, ...]:
-    try:
-        numbers = tuple(float(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
-    if not numbers or any(number <= 0 for number in numbers):
-        raise click.BadParameter(f"{option} needs positive numbers, got {value!r}")
-    return numbers
-
-
-def _shape(value: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
-    if any(dim < 1 for dim in dims):
-        raise click.BadParameter(f"dimensions must be positive, got {value!r}")
-    return dims
 
 
 @click.command()
@@ -49,10 +30,18 @@ def _shape(value: str) -> tuple[int, ...]:
 )
 @click.option(
     "--concurrency",
+    type=CommaList(click.IntRange(min=1)),
     default=None,
-    help=f"Closed loop: comma-separated client counts [default: {DEFAULT_CONCURRENCY}].",
+    help="Closed loop: comma-separated client counts [default: "
+    + ",".join(map(str, DEFAULT_CONCURRENCY))
+    + "].",
 )
-@click.option("--rate", default=None, help="Open loop: comma-separated requests/s (Poisson).")
+@click.option(
+    "--rate",
+    type=CommaList(click.FloatRange(min=0, min_open=True)),
+    default=None,
+    help="Open loop: comma-separated requests/s (Poisson).",
+)
 @click.option("--duration", type=float, default=None, help="Seconds per load level [default: 10].")
 @click.option("--requests", type=click.IntRange(min=1), default=None, help="Requests per level.")
 @click.option("--warmup", type=float, default=1.0, show_default=True, help="Unrecorded seconds.")
@@ -60,6 +49,7 @@ def _shape(value: str) -> tuple[int, ...]:
 @click.option("--input-name", default=None, help="[default: the payload's built-in input]")
 @click.option(
     "--input-shape",
+    type=CommaList(click.IntRange(min=1)),
     default="4",
     show_default=True,
     help="Per-item shape of toy payloads, e.g. 3,224,224.",
@@ -82,14 +72,14 @@ def command(
     metrics_url: str | None,
     model_name: str | None,
     protocol: workload.Protocol,
-    concurrency: str | None,
-    rate: str | None,
+    concurrency: tuple[int, ...] | None,
+    rate: tuple[float, ...] | None,
     duration: float | None,
     requests: int | None,
     warmup: float,
     payload: Literal["text", "toy"],
     input_name: str | None,
-    input_shape: str,
+    input_shape: tuple[int, ...],
     text_length: workload.TextLength,
     batch_per_request: int,
     timeout: float,
@@ -104,9 +94,7 @@ def command(
     if duration is not None and duration <= 0:
         raise click.BadParameter("must be positive", param_hint="--duration")
     mode: report.Mode = "rate" if rate is not None else "concurrency"
-    levels = _numbers(f"--{mode}", rate if rate is not None else concurrency or DEFAULT_CONCURRENCY)
-    if mode == "concurrency" and any(level != int(level) for level in levels):
-        raise click.BadParameter("concurrency must be whole numbers", param_hint="--concurrency")
+    levels = tuple(map(float, rate or concurrency or DEFAULT_CONCURRENCY))
     if duration is None and requests is None:
         duration = 10.0
     if metrics_url is None:
@@ -116,7 +104,7 @@ def command(
         payload=payload,
         model_name=model_name or DEFAULT_MODEL_NAMES[payload],
         input_name=input_name or DEFAULT_INPUT_NAMES[payload],
-        input_shape=_shape(input_shape),
+        input_shape=input_shape,
         text_length=text_length,
         batch_per_request=batch_per_request,
         seed=seed,

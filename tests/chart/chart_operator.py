@@ -17,7 +17,8 @@ from pathlib import Path
 
 from chart.rendering import Manifest, one
 from support.kube_cluster import Cluster, free_port
-from support.processes import stop_process
+
+from carpool import processes
 
 
 @dataclass(frozen=True)
@@ -78,4 +79,4 @@ def run_chart_operator(
     except AssertionError as error:
         raise AssertionError(f"{error}\noperator log:\n{operator.log_tail()}") from error
     finally:
-        stop_process(process, timeout_s=15)
+        processes.stop(process, timeout_s=15)

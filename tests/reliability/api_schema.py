@@ -1,7 +1,7 @@
 """Schemathesis against the sidecar's own OpenAPI document (`GET /openapi.json`).
 
 One implementation for the quick test (`test_api_schema.py`) and the soak
-(`bench/soak_api_schema.py`). For every operation of the document, schemathesis generates
+(`bench/soak.py api_schema`). For every operation of the document, schemathesis generates
 requests that follow the schema (positive) and requests that break it (negative), sends them
 to a live sidecar with the toy model, and checks each answer: never a 5xx, a status the
 document lists, the content type and body schema it declares, schema-breaking requests

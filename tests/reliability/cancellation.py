@@ -1,7 +1,7 @@
 """Cancellation: thousands of callers who hang up at random points, mixed with patient ones.
 
 One implementation for the quick test (`test_cancellation.py`) and the soak
-(`bench/soak_cancellation.py`). Each caller is one of three kinds, drawn at random:
+(`bench/soak.py cancellation`). Each caller is one of three kinds, drawn at random:
 
 - `upload`: sends the headers and part of the body, then closes the connection;
 - `leave`: sends a whole request and hangs up after a random 0 to `leave_within_s` seconds,

@@ -1,6 +1,6 @@
 """Crash soak: clients keep calling the sidecar while its model server is SIGKILLed and restarted.
 
-One implementation for the quick test (`test_crash.py`) and the soak (`bench/soak_crash.py`).
+One implementation for the quick test (`test_crash.py`) and the soak (`bench/soak.py crash`).
 The model server runs in a thread that starts it, lets the clients work, kills it (SIGKILL, no
 goodbye), and starts it again on the same socket; the clients run on the event loop, each
 backing off 50 ms after a 503 as a well-behaved caller would.

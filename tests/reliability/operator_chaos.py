@@ -1,7 +1,7 @@
 """The operator against an API server that fails requests, loses replies and drops watches.
 
 One implementation for the quick test (`test_operator_faults.py`) and the soak
-(`bench/soak_operator.py`): `run(folder, Plan(...))` creates, edits and breaks BatchedModels
+(`bench/soak.py operator`): `run(folder, Plan(...))` creates, edits and breaks BatchedModels
 while faults are on, turns the faults off, and measures how long the operator takes to bring
 every child and status in line, then counts its writes over quiet resyncs (there must be none).
 """

@@ -1,7 +1,7 @@
 """Overload: requests arrive at three times what the model can serve, for a bounded time.
 
 One implementation for the quick test (`test_overload.py`) and the soak
-(`bench/soak_overload.py`). The model takes `infer_s` per batch of at most `batch` items, one
+(`bench/soak.py overload`). The model takes `infer_s` per batch of at most `batch` items, one
 batch at a time, so its capacity is `batch / infer_s` items per second; arrivals are open-loop
 (a new request every 1 / rate seconds, whether or not earlier ones were answered), as from
 many independent users. A sampler reads the queue gauge and the sidecar's RSS all along.

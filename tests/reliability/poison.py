@@ -1,6 +1,6 @@
 """Poison items through the sidecar: each shares a batch with other callers' good items.
 
-One implementation for the quick test (`test_poison.py`) and the soak (`bench/soak_poison.py`).
+One implementation for the quick test (`test_poison.py`) and the soak (`bench/soak.py poison`).
 Each round, `callers` requests of 1 to 3 rows arrive together at a sidecar with fixed dispatch
 and a long window, so they form one batch; one row of a few random callers is NaN, which
 makes the toy model raise inside its forward pass. The model server isolates the failing items

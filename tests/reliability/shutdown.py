@@ -1,7 +1,7 @@
 """Graceful shutdown: SIGTERM to the sidecar while clients keep it busy.
 
 One implementation for the quick test (`test_shutdown.py`) and the soak
-(`bench/soak_shutdown.py`). Clients open a new connection per request (no keep-alive), so a
+(`bench/soak.py shutdown`). Clients open a new connection per request (no keep-alive), so a
 request that finds the listener closed fails to connect, and any other failure would be a
 request the sidecar accepted and dropped. A poller watches readiness from the SIGTERM on.
 """

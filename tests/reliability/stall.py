@@ -1,6 +1,6 @@
 """A model server that stops answering without dying (SIGSTOP), then wakes up (SIGCONT).
 
-One implementation for the quick test (`test_stall.py`) and the soak (`bench/soak_stall.py`).
+One implementation for the quick test (`test_stall.py`) and the soak (`bench/soak.py stall`).
 A crash closes the socket, so the sidecar notices at once; a hung process (a stuck driver, a
 swapping host, a debugger) keeps its socket open and answers nothing. Clients keep calling
 through `stalls` such pauses; the request deadline is short, so waiting it out is visible.

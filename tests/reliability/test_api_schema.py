@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliability.api_schema import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 
 
 def test_the_sidecar_keeps_to_its_own_openapi_document(tmp_path: Path) -> None:
-    plan = Plan(examples_per_operation=25)
+    plan = soaked(Plan(examples_per_operation=25))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, "\n".join([summary(report), *broken])

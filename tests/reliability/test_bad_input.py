@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliability.fuzz import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 
 
 def test_malformed_requests_get_4xx_and_good_ones_still_succeed(tmp_path: Path) -> None:
-    plan = Plan(examples=2_000, good_clients=4)
+    plan = soaked(Plan(examples=2_000, good_clients=4))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, "\n".join([summary(report), *broken])

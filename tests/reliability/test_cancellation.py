@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliability.cancellation import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 
 
 def test_callers_who_hang_up_leave_no_trace(tmp_path: Path) -> None:
-    plan = Plan(callers=2_000, concurrency=96)
+    plan = soaked(Plan(callers=2_000, concurrency=96))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, f"{broken}\n{summary(report)}"

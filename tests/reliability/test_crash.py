@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliability.crash import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 
 
 def test_model_server_crashes_lose_no_request(tmp_path: Path) -> None:
-    plan = Plan(clients=32, restarts=3, up_seconds=1.5, timeout_ms=10_000)
+    plan = soaked(Plan(clients=32, restarts=3, up_seconds=1.5, timeout_ms=10_000))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, f"{broken}\n{summary(report)}"

@@ -13,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliability.operator_chaos import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 
 
-def test_operator_converges_through_api_faults_and_resyncs_without_writes(
-    tmp_path: Path,
-) -> None:
-    plan = Plan(models=3, chaos_seconds=6.0, fault_rate=0.3)
+def test_operator_converges_through_api_faults_and_resyncs_without_writes(tmp_path: Path) -> None:
+    plan = soaked(Plan(models=3, chaos_seconds=6.0, fault_rate=0.3))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     log = (tmp_path / "operator.log").read_text(errors="replace")[-3000:]
     assert not broken, f"{broken}\n{summary(report)}\n{log}"

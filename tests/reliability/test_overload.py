@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from reliability.overload import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 
 
 def test_overload_is_refused_with_429_and_the_rest_meets_its_deadline(tmp_path: Path) -> None:
-    plan = Plan(seconds=4.0, load_factor=3.0, batch=4, infer_s=0.1, max_queue_items=32)
+    plan = soaked(Plan(seconds=4.0, load_factor=3.0, batch=4, infer_s=0.1, max_queue_items=32))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, f"{broken}\n{summary(report)}"

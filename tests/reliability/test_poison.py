@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reliability.poison import Plan, broken_promises, run, summary
+from reliability.soaked import soaked
 from support.model_server import ModelServer, post_batch, run_model_server
 
 from carpool.contract.wire import Tensor
@@ -57,7 +58,8 @@ def test_model_server_answers_each_item_for_any_poison_placement(
 
 
 def test_poison_in_a_shared_batch_fails_only_its_caller(tmp_path: Path) -> None:
-    plan = Plan(rounds=3, callers=24, poisoned_per_round=2)
+    plan = soaked(Plan(rounds=3, callers=24, poisoned_per_round=2))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, f"{broken[:10]}\n{summary(report)}"

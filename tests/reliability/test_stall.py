@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reliability.soaked import soaked
 from reliability.stall import Plan, broken_promises, run, summary
 
 
 def test_hung_model_server_costs_callers_no_more_than_their_deadline(tmp_path: Path) -> None:
-    plan = Plan(clients=8, stalls=2, stall_seconds=3.0, between_s=2.0, timeout_ms=1_000)
+    plan = soaked(Plan(clients=8, stalls=2, stall_seconds=3.0, between_s=2.0, timeout_ms=1_000))
     report = run(tmp_path, plan)
     broken = broken_promises(report, plan)
+    print(summary(report))
     assert not broken, f"{broken}\n{summary(report)}"

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from carpool import processes
+from carpool.processes import free_port
 from support.kube_api import KubeApiServer
-from support.processes import free_port, stop_process
 
 __all__ = ["free_port"]  # re-exported: tests import it from here
 
@@ -96,29 +94,21 @@ def run_operator(
     Its /metrics listens on 127.0.0.1:`metrics_port`; 0 (the default) turns it off.
     """
     port = free_port()
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONSAFEPATH="1")
-    command = [
-        sys.executable, "-m", "carpool", "operator", "--standalone",
+    command = processes.carpool_command(
+        "operator", "--standalone",
         "--namespace", namespace,
         "--liveness", f"http://127.0.0.1:{port}/healthz",
         "--metrics-host", "127.0.0.1",
         "--metrics-port", str(metrics_port),
         "--resync-seconds", str(resync_seconds),
-    ]  # fmt: skip
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    )  # fmt: skip
+    process = processes.spawn(command, log, {"KUBECONFIG": str(kubeconfig)})
+    try:
+        live = f"http://127.0.0.1:{port}/healthz"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                if process.poll() is not None:
-                    raise AssertionError(f"the operator exited: {log.read_text()[-2000:]}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                        break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise AssertionError("the operator never became live") from None
-                    time.sleep(0.2)
-            yield process
-        finally:
-            stop_process(process, timeout_s=15)
+            processes.wait_ready([process], lambda: processes.http_ok(live), 60, "the operator")
+        except processes.NotReady as error:
+            raise AssertionError(f"{error}: {log.read_text()[-2000:]}") from None
+        yield process
+    finally:
+        processes.stop(process, timeout_s=15)

@@ -14,11 +14,8 @@ environment (e.g. PYTHONPATH for a `module:Class` handler from tests/support) go
 from __future__ import annotations
 
 import http.client
-import os
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,8 +23,9 @@ from pathlib import Path
 
 import aiohttp
 
+from carpool import processes
 from carpool.contract import wire
-from support.processes import free_port, stop_process
+from carpool.processes import free_port
 
 __all__ = ["free_port"]  # re-exported: tests import it from here
 
@@ -91,7 +89,7 @@ def run_model_server(
     wait_ready: bool = True,
     timeout_s: float = 60.0,
 ) -> Iterator[ModelServer]:
-    args = [sys.executable, "-m", "carpool", "model-server", "--handler", handler]
+    args = processes.carpool_command("model-server", "--handler", handler)
     args += ["--torch-threads", "1", *extra_args]
     socket_path: Path | None = None
     if tcp:
@@ -107,16 +105,9 @@ def run_model_server(
         probe_port = free_port()
         args += ["--metrics-port", str(probe_port)]
         metrics_url = f"http://127.0.0.1:{probe_port}"
-    full_env = {
-        **os.environ,
-        "PYTHONSAFEPATH": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        **(env or {}),
-    }
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
     log_path = tmp_path / f"model-server-{len(list(tmp_path.glob('model-server-*.log')))}.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+    process = processes.spawn(args, log_path, offline)
     server = ModelServer(process, socket_path, url, metrics_url, log_path)
     try:
         if wait_ready:
@@ -127,24 +118,21 @@ def run_model_server(
 
 
 def wait_until_ready(server: ModelServer, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise AssertionError(
-                f"model server exited {server.process.returncode}:\n{server.log()}"
-            )
+    def ready() -> bool:
         try:
-            if http_get(server, "/readyz", timeout_s=2.0)[0] == 200:
-                return
+            return http_get(server, "/readyz", timeout_s=2.0)[0] == 200
         except OSError:
-            pass  # not listening yet
-        time.sleep(0.05)
-    raise AssertionError(f"model server not ready after {timeout_s}s:\n{server.log()}")
+            return False  # not listening yet
+
+    try:
+        processes.wait_ready([server.process], ready, timeout_s, "model server")
+    except processes.NotReady as error:
+        raise AssertionError(f"{error}:\n{server.log()}") from None
 
 
 def stop(server: ModelServer, timeout_s: float = 10.0) -> int:
     """SIGTERM, then SIGKILL if it lingers; returns the exit code."""
-    return stop_process(server.process, timeout_s)
+    return processes.stop(server.process, timeout_s)
 
 
 class _UnixConnection(http.client.HTTPConnection):

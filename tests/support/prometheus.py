@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from support.processes import free_port, stop_process
+from carpool import processes
+from carpool.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / ".cache" / "tools" / "bin" / "prometheus"
@@ -130,8 +131,7 @@ def run_prometheus(
         "--log.level=warn",
     ]
     log_path = folder / "prometheus.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT)
+    process = processes.spawn(args, log_path)
     prometheus = Prometheus(process, f"http://127.0.0.1:{port}", log_path)
     try:
         _wait_ready(prometheus, timeout_s)
@@ -141,21 +141,14 @@ def run_prometheus(
 
 
 def _wait_ready(prometheus: Prometheus, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if prometheus.process.poll() is not None:
-            raise AssertionError(
-                f"prometheus exited {prometheus.process.returncode}:\n{prometheus.log()}"
-            )
-        try:
-            with urllib.request.urlopen(f"{prometheus.url}/-/ready", timeout=2.0) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass  # not listening yet
-        time.sleep(0.1)
-    raise AssertionError(f"prometheus not ready after {timeout_s}s:\n{prometheus.log()}")
+    ready = f"{prometheus.url}/-/ready"
+    try:
+        processes.wait_ready(
+            [prometheus.process], lambda: processes.http_ok(ready), timeout_s, "prometheus"
+        )
+    except processes.NotReady as error:
+        raise AssertionError(f"{error}:\n{prometheus.log()}") from None
 
 
 def _stop(prometheus: Prometheus, timeout_s: float = 10.0) -> None:
-    stop_process(prometheus.process, timeout_s)
+    processes.stop(prometheus.process, timeout_s)

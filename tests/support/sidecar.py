@@ -15,9 +15,7 @@ restart the model server under it. Processes are stopped (SIGTERM, then SIGKILL)
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,8 +28,9 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from carpool import processes
+from carpool.processes import free_port
 from support.model_server import ModelServer, run_model_server
-from support.processes import free_port, stop_process
 
 
 @dataclass(frozen=True)
@@ -117,12 +116,10 @@ def run_sidecar(
     timeout_s: float = 60.0,
 ) -> Iterator[Sidecar]:
     port = free_port()
-    command = [sys.executable, "-m", "carpool", "sidecar", "--model-name", model]
+    command = processes.carpool_command("sidecar", "--model-name", model)
     command += ["--model-server", model_url, "--port", str(port), *args]
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
     log_path = tmp_path / f"sidecar-{len(list(tmp_path.glob('sidecar-*.log')))}.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    process = processes.spawn(command, log_path)
     sidecar = Sidecar(process, f"http://127.0.0.1:{port}", model, log_path)
     try:
         _wait_until_up(sidecar, "/v2/health/ready" if wait_ready else "/v2/health/live", timeout_s)
@@ -150,18 +147,12 @@ def run_pair(
 
 def stop(sidecar: Sidecar, timeout_s: float = 15.0) -> int:
     """SIGTERM, then SIGKILL if it lingers; returns the exit code."""
-    return stop_process(sidecar.process, timeout_s)
+    return processes.stop(sidecar.process, timeout_s)
 
 
 def _wait_until_up(sidecar: Sidecar, path: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if sidecar.process.poll() is not None:
-            raise AssertionError(f"sidecar exited {sidecar.process.returncode}:\n{sidecar.log()}")
-        try:
-            if get(sidecar, path, timeout_s=2.0)[0] == 200:
-                return
-        except OSError:
-            pass  # not listening yet
-        time.sleep(0.05)
-    raise AssertionError(f"sidecar not up ({path}) after {timeout_s}s:\n{sidecar.log()}")
+    up = sidecar.url + path
+    try:
+        processes.wait_ready([sidecar.process], lambda: processes.http_ok(up), timeout_s, "sidecar")
+    except processes.NotReady as error:
+        raise AssertionError(f"{error} ({path}):\n{sidecar.log()}") from None

@@ -8,21 +8,25 @@ and both children are always stopped on the way out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
+import subprocess
 import sys
 import tempfile
-import time
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import click
 
-from carpool.sidecar.demo import report_lines, run_demo
+from carpool import processes
+from carpool.demo import report_lines, run_demo
 
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 40.0
+# How often a running pair is checked for a child that exited on its own.
+WATCH_S = 0.2
 # Batching flags handed to the sidecar as given.
 BATCHING_FLAGS = (
     ("max-batch-size", int),
@@ -68,16 +72,15 @@ def command(
 ) -> None:
     """Run a model server and its sidecar locally, as in a pod."""
     name = model_name or handler
-    carpool = [sys.executable, "-m", "carpool"]
-    model = [*carpool, "model-server", "--handler", handler, "--model-name", name]
-    sidecar = [*carpool, "sidecar", "--model-name", name, "--host", host, "--port", str(port)]
+    model = ["model-server", "--handler", handler, "--model-name", name]
+    sidecar = ["sidecar", "--model-name", name, "--host", host, "--port", str(port)]
     model += _flags(passed, MODEL_FLAGS)
     sidecar += _flags(passed, [flag for flag, _ in BATCHING_FLAGS] + ["dispatch"])
     demo = Demo(demo_clients, demo_seconds, demo_requests) if demo_load else None
     if demo is not None:
         threads = passed["torch_threads"] or "torch default"
         click.echo(f"demo load: {demo.clients} clients, torch threads: {threads}")
-    sys.exit(asyncio.run(_serve(model, sidecar, f"http://{host}:{port}", name, demo)))
+    sys.exit(_serve(model, sidecar, f"http://{host}:{port}", name, demo))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,75 +100,46 @@ def _flags(values: dict[str, object], flags: list[str]) -> list[str]:
     return args
 
 
-async def _serve(
+def _serve(
     model_args: list[str], sidecar_args: list[str], url: str, name: str, demo: Demo | None
 ) -> int:
-    with tempfile.TemporaryDirectory(prefix="carpool-") as folder:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with tempfile.TemporaryDirectory(prefix="carpool-") as folder, ExitStack() as children:
         socket = Path(folder) / "model.sock"
-        # New sessions: a terminal's Ctrl-C reaches only us, and we stop the children in order.
-        model = await asyncio.create_subprocess_exec(
-            *model_args, "--socket", str(socket), start_new_session=True
+        # Entered in this order, so the sidecar stops (and drains) before its model server.
+        model = children.enter_context(_child(*model_args, "--socket", str(socket)))
+        sidecar = children.enter_context(
+            _child(*sidecar_args, "--model-server", f"unix://{socket}")
         )
-        sidecar = await asyncio.create_subprocess_exec(
-            *sidecar_args, "--model-server", f"unix://{socket}", start_new_session=True
-        )
-        children = [sidecar, model]
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
+        ready = f"{url}/v2/health/ready"
         try:
-            if not await _wait_ready(url, children, stop):
+            if not processes.wait_ready(
+                [model, sidecar], lambda: processes.http_ok(ready), READY_TIMEOUT_S, "carpool", stop
+            ):
+                return 1  # stopped before it was ready
+        except processes.NotReady as error:
+            click.echo(f"carpool: {error}", err=True)
+            return 1
+        click.echo(f"carpool: {name!r} ready at {url}/v2/models/{name}/infer", err=True)
+        if demo is not None:
+            cell = asyncio.run(run_demo(url, name, demo.clients, demo.seconds, demo.requests))
+            for line in report_lines(cell):
+                click.echo(line)
+            return 0 if cell.ok == cell.requests else 1
+        # 0 after a signal; 1 when a child exits on its own.
+        while not stop.wait(WATCH_S):
+            if model.poll() is not None or sidecar.poll() is not None:
                 return 1
-            click.echo(f"carpool: {name!r} ready at {url}/v2/models/{name}/infer", err=True)
-            if demo is not None:
-                cell = await run_demo(url, name, demo.clients, demo.seconds, demo.requests)
-                for line in report_lines(cell):
-                    click.echo(line)
-                return 0 if cell.ok == cell.requests else 1
-            return await _until_stopped(children, stop)
-        finally:
-            for child in children:
-                await _stop(child)
+        return 0
 
 
-async def _until_stopped(children: list[asyncio.subprocess.Process], stop: asyncio.Event) -> int:
-    """0 after a signal; 1 when a child exits on its own."""
-    waits = [asyncio.create_task(child.wait()) for child in children]
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
-    for task in [stopping, *waits]:
-        task.cancel()
-    await asyncio.gather(stopping, *waits, return_exceptions=True)
-    return 0 if stop.is_set() else 1
-
-
-async def _wait_ready(
-    url: str, children: list[asyncio.subprocess.Process], stop: asyncio.Event
-) -> bool:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    timeout = aiohttp.ClientTimeout(total=2)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        while time.monotonic() < deadline and not stop.is_set():
-            if any(child.returncode is not None for child in children):
-                click.echo("carpool: a child process exited before ready", err=True)
-                return False
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with http.get(f"{url}/v2/health/ready") as reply:
-                    if reply.status == 200:
-                        return True
-            await asyncio.sleep(0.2)
-    if not stop.is_set():
-        click.echo(f"carpool: not ready after {READY_TIMEOUT_S:.0f} s", err=True)
-    return False
-
-
-async def _stop(child: asyncio.subprocess.Process) -> None:
-    if child.returncode is None:
-        child.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(STOP_TIMEOUT_S):
-                await child.wait()
-        except TimeoutError:
-            child.kill()
-            await child.wait()
+@contextmanager
+def _child(*args: str) -> Iterator[subprocess.Popen[bytes]]:
+    # A new session: a terminal's Ctrl-C reaches only us, and we stop the children in order.
+    process = processes.spawn(processes.carpool_command(*args), start_new_session=True)
+    try:
+        yield process
+    finally:
+        processes.stop(process, STOP_TIMEOUT_S)

@@ -8,18 +8,25 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import orjson
 import pytest
-from support.model_server import free_port
 from support.sidecar import v2_body
+
+from carpool.processes import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_serve_demo_load_reports_batching() -> None:
-    command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
-    command += ["--port", str(free_port()), "--demo-load", "--demo-seconds", "1.5"]
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    # The console script from the repository root, without PYTHONSAFEPATH, as a user runs it:
+    # the children it starts must not import our operator/ folder as the stdlib's operator.
+    command = [str(Path(sys.executable).parent / "carpool"), "serve", "--handler", "toy"]
+    command += ["--torch-threads", "1", "--port", str(free_port())]
+    command += ["--demo-load", "--demo-seconds", "1.5"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(0 failed)" in done.stdout
     mean = re.search(r"mean batch size: ([\d.]+)", done.stdout)

@@ -1,0 +1,74 @@
+"""Soak: run one reliability scenario's own test with bigger numbers.
+
+    python bench/soak.py crash --restarts 30 --up-seconds 10
+
+Every field of the scenario's `Plan` (tests/reliability/SCENARIO.py) is a flag, `--up-seconds`
+for `up_seconds`; fields not given keep the test's numbers. The test runs through pytest, so
+the soak checks exactly the promises the test suite checks. Process logs stay in `--folder`
+(a new temporary folder by default; emptied first). Exit status 1 when a promise broke.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+import pytest
+
+RELIABILITY = Path(__file__).resolve().parents[1] / "tests" / "reliability"
+# Read by tests/reliability/soaked.py.
+PLAN_VARIABLE = "CARPOOL_SOAK_PLAN"
+# scenario -> its test, in tests/reliability/
+SCENARIOS = {
+    "crash": "test_crash.py::test_model_server_crashes_lose_no_request",
+    "stall": "test_stall.py::test_hung_model_server_costs_callers_no_more_than_their_deadline",
+    "overload": "test_overload.py::"
+    "test_overload_is_refused_with_429_and_the_rest_meets_its_deadline",
+    "fuzz": "test_bad_input.py::test_malformed_requests_get_4xx_and_good_ones_still_succeed",
+    "api_schema": "test_api_schema.py::test_the_sidecar_keeps_to_its_own_openapi_document",
+    "poison": "test_poison.py::test_poison_in_a_shared_batch_fails_only_its_caller",
+    "cancellation": "test_cancellation.py::test_callers_who_hang_up_leave_no_trace",
+    "shutdown": "test_shutdown.py::test_sigterm_under_load_answers_everything_accepted",
+    "operator": "test_operator_faults.py::"
+    "test_operator_converges_through_api_faults_and_resyncs_without_writes",
+}
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("scenario", type=click.Choice(sorted(SCENARIOS)))
+@click.option("--folder", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.argument("plan", nargs=-1, type=click.UNPROCESSED)
+def main(scenario: str, folder: Path | None, plan: tuple[str, ...]) -> None:
+    """Run SCENARIO's test with the Plan fields given as flags (--restarts 30 ...)."""
+    if len(plan) % 2:
+        raise click.UsageError(f"give each Plan field a value: {' '.join(plan)}")
+    fields = {}
+    for flag, value in zip(plan[::2], plan[1::2], strict=True):
+        if not flag.startswith("--"):
+            raise click.UsageError(f"{flag!r} is not a --field flag")
+        fields[flag.removeprefix("--").replace("-", "_")] = value
+    folder = folder or Path(tempfile.mkdtemp(prefix="carpool-soak-"))
+    os.environ[PLAN_VARIABLE] = json.dumps(fields)
+    code = pytest.main(
+        [
+            str(RELIABILITY / SCENARIOS[scenario]),
+            "-s",  # the plan and the summary, as the test prints them
+            "--basetemp",
+            str(folder),
+            "--timeout",
+            "0",  # a soak runs as long as its plan says
+            "-p",
+            "no:cacheprovider",
+        ]
+    )
+    click.echo(f"logs in {folder}")
+    click.echo("verdict: " + ("every promise kept" if code == 0 else "failed, see above"))
+    sys.exit(0 if code == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Child processes: start one, wait until it is ready, stop it without hanging.
+
+`carpool serve`, the benchmark harness and the tests all run carpool's servers as child
+processes; they share this one way of doing it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+POLL_S = 0.05
+
+
+class NotReady(RuntimeError):
+    """The child exited, or the time ran out, before it said it was ready."""
+
+
+def carpool_command(*args: str) -> list[str]:
+    """`python -P -m carpool ARGS` with this interpreter.
+
+    `-P`: `python -m` puts the working directory first on sys.path, and from a checkout our
+    `operator/` folder would shadow the standard library's `operator`.
+    """
+    return [sys.executable, "-P", "-m", "carpool", *args]
+
+
+def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child, safe from the working directory (as `-P`)."""
+    return {**os.environ, "PYTHONSAFEPATH": "1", **(extra or {})}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def spawn(
+    command: Sequence[str],
+    log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **popen: Any,
+) -> subprocess.Popen[bytes]:
+    """Start `command` with `environment(env)`; its output goes to `log_path` when given."""
+    log: IO[bytes] | None = None
+    if log_path is not None:
+        log = log_path.open("wb")
+        popen = {"stdout": log, "stderr": subprocess.STDOUT, **popen}
+    try:
+        return subprocess.Popen(list(command), env=environment(env), **popen)
+    finally:
+        if log is not None:
+            log.close()  # the child holds its own descriptor
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a GET of `url` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_ready(
+    children: Sequence[subprocess.Popen[Any]],
+    ready: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    stop: threading.Event | None = None,
+) -> bool:
+    """Poll `ready` until it is true (True), or until `stop` is set (False).
+
+    Raises NotReady when one of `children` exits first or `timeout_s` passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for child in children:
+            if child.poll() is not None:
+                raise NotReady(f"{what} exited {child.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise NotReady(f"{what} not ready after {timeout_s:g} s")
+        if (stop or threading.Event()).wait(POLL_S):
+            return False
+    return True
+
+
+def stop(process: subprocess.Popen[Any], timeout_s: float = 10.0, group: bool = False) -> int:
+    """SIGTERM, then SIGKILL if it lingers past `timeout_s`; returns the exit code.
+
+    With `group`, both signals go to the child's process group (a child started with
+    `start_new_session=True` leads one), so helpers it started go too.
+    """
+
+    def send(signum: signal.Signals) -> None:
+        try:
+            if group:
+                os.killpg(process.pid, signum)
+            else:
+                process.send_signal(signum)
+        except ProcessLookupError:
+            pass  # gone already
+
+    if process.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+    if group:
+        send(signal.SIGKILL)  # whatever of the group outlived its leader
+    return process.wait(timeout_s)
