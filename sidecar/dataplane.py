@@ -1,12 +1,12 @@
 """The sidecar's logic between the HTTP routes and the batching engine.
 
+Protocol-neutral: the v2 and v1 routes (and any other front end) hand it an InferRequest.
 It checks a request against the model's metadata, cuts it into items, picks the batch
 group (BatchKey) and deadline, awaits the results and stacks them back into whole tensors.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,38 +14,18 @@ import numpy.typing as npt
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import Item, ItemResult, Tensor
-from carpool.sidecar.client import ModelClient
-from carpool.sidecar.engine import Batcher, Send
+from carpool.sidecar.engine import Batcher
 from carpool.sidecar.errors import (
     BadModelResponse,
     BadRequest,
     ModelError,
     ModelNotFound,
-    ModelUnreachable,
     Unavailable,
 )
 from carpool.sidecar.health import ModelState
-from carpool.sidecar.inference import InferRequest, InferResponse
-from carpool.sidecar.oip import MODEL_VERSION
-from carpool.sidecar.pending import BatchKey, PendingRequest
+from carpool.sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
+from carpool.sidecar.pending import BatchKey
 from carpool.sidecar.tensors import RequestTensor, element_count, split, stack
-
-
-def forwarder(client: ModelClient, state: ModelState) -> Send:
-    """The engine's `send`: a batch that cannot connect to the model server marks it down.
-
-    A slow or failing batch does not: the model server is still there for the next one.
-    """
-
-    async def send(items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
-        try:
-            return await client.infer(items, timeout_s)
-        except ModelUnreachable:
-            state.mark_down()
-            raise
-
-    return send
-
 
 # Below this length padding costs less than splitting the traffic into more, smaller batches.
 MIN_BUCKET = 64
@@ -108,16 +88,13 @@ class DataPlane:
             for value in (settings.timeout_ms, request.timeout_ms, header_timeout_ms)
             if value is not None
         )
-        loop = asyncio.get_running_loop()
-        pending = PendingRequest(
-            items=_items(request.inputs, count),
-            key=key,
+        results = await self.batcher.submit(
+            _items(request.inputs, count),
+            key,
+            arrived_at + timeout_ms / 1000,
             priority=request.priority,
-            deadline=arrived_at + timeout_ms / 1000,
-            future=loop.create_future(),
             lengths=lengths,
         )
-        results = await self.batcher.submit(pending)
         outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
         binary = _binary_outputs(request, output_names)
         return InferResponse(self.model_name, request.id, outputs, binary)

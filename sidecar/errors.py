@@ -11,6 +11,8 @@ class SidecarError(Exception):
     """An error a caller should see, with its HTTP status."""
 
     status = 500
+    # What the status means to a caller, for the OpenAPI document.
+    description = "A bug in the sidecar (details in its log), or the model failed on an item."
     # The `carpool_rejected_total` reason this error counts as, if it is a rejection.
     rejected_reason: str | None = None
 
@@ -22,20 +24,24 @@ class SidecarError(Exception):
 
 class BadRequest(SidecarError):
     status = 400
+    description = "Malformed request, or an item the model refused as invalid."
     rejected_reason = "bad_request"
 
 
 class ModelNotFound(SidecarError):
     status = 404
+    description = "Unknown model name or version."
 
 
 class PayloadTooLarge(SidecarError):
     status = 413
+    description = "Body above --max-body-bytes, or more items than maxQueueItems."
     rejected_reason = "too_large"
 
 
 class QueueFull(SidecarError):
     status = 429
+    description = "The queue is full; nothing was queued. Retry-After says when to retry."
     rejected_reason = "queue_full"
 
     def __init__(self, message: str, retry_after_s: int) -> None:
@@ -54,12 +60,14 @@ class BadModelResponse(SidecarError):
     """The model server answered, but not with what the wire format promises."""
 
     status = 502
+    description = "The model server answered with a malformed batch."
 
 
 class Unavailable(SidecarError):
     """The model server cannot be reached, is not ready, or the sidecar is draining."""
 
     status = 503
+    description = "The model server is not ready or failed the batch, or the sidecar stops."
 
 
 class ModelUnreachable(Unavailable):
@@ -68,4 +76,5 @@ class ModelUnreachable(Unavailable):
 
 class DeadlineExceeded(SidecarError):
     status = 504
+    description = "The request's deadline passed."
     rejected_reason = "deadline"

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from carpool.sidecar.tensors import RequestTensor
 
+# The sidecar serves one version of its model; both protocols name it.
+MODEL_VERSION = "1"
+
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from carpool.contract.batching import DISPATCH_MODES, Dispatch
-from carpool.sidecar.app import DATAPLANE, create_app
+from carpool.sidecar.app import SIDECAR, create_app
 from carpool.sidecar.config import BatchingSettings, ConfigError, SidecarConfig
 
 log = logging.getLogger("carpool.sidecar")
@@ -107,7 +107,7 @@ async def serve(config: SidecarConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-    batcher = app[DATAPLANE].batcher
+    batcher = app[SIDECAR].batcher
     log.info("draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds)
     if not await batcher.drain(config.drain_seconds):
         log.warning("drain grace over with %d items queued", batcher.queued_items)

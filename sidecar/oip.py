@@ -13,11 +13,10 @@ import orjson
 
 from carpool.contract.wire import DATATYPES
 from carpool.sidecar.errors import BadRequest
-from carpool.sidecar.inference import InferRequest, InferResponse, RequestedOutput
+from carpool.sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool.sidecar.tensors import RequestTensor, binary_bytes, from_binary, from_json, json_values
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-MODEL_VERSION = "1"
 
 
 def loads(body: bytes | memoryview) -> Any:

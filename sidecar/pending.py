@@ -26,8 +26,9 @@ class BatchKey:
 class PendingRequest:
     """The items of one caller, its single future, and how far its items have been sent.
 
-    A request larger than the batch size is sent in several batches: `sent` counts the
-    items already taken, `results` collects their answers in order.
+    Only the engine builds and changes these (`Batcher.submit`). A request larger than the
+    batch size is sent in several batches: `sent` counts the items already taken, `results`
+    collects their answers in order.
     """
 
     items: Sequence[Item]
@@ -35,10 +36,10 @@ class PendingRequest:
     priority: int
     deadline: float  # loop.time() after which the caller gets 504
     future: asyncio.Future[list[ItemResult]]
+    enqueued_at: float
+    seq: int
     # Per-item lengths of variable-length items (padding is measured on them).
     lengths: Sequence[int] | None = None
-    enqueued_at: float = 0.0
-    seq: int = 0
     sent: int = 0
     answered: int = 0
     results: list[ItemResult | None] = field(default_factory=list)
@@ -46,3 +47,22 @@ class PendingRequest:
     @property
     def unsent(self) -> int:
         return len(self.items) - self.sent
+
+    @property
+    def queued(self) -> bool:
+        """Whether it still has items to send and a caller waiting for them."""
+        return self.unsent > 0 and not self.future.done()
+
+    def fail(self, error: Exception) -> None:
+        """Fail a caller who is still waiting; one who left (cancelled) is no error."""
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass(slots=True)
+class Part:
+    """The items `start` to `stop` of one request, as they go in one batch."""
+
+    request: PendingRequest
+    start: int
+    stop: int

@@ -55,7 +55,7 @@ async def dataplane(
 ) -> AsyncIterator[tuple[DataPlane, Model]]:
     model = Model(answer)
     settings = BatchingSettings(dispatch="fixed", max_wait_ms=50)
-    batcher = Batcher(settings, model.send, SidecarMetrics(CollectorRegistry(), "m"))
+    batcher = Batcher(settings, model, SidecarMetrics(CollectorRegistry(), "m"))
     state = ModelState()
     state.ready, state.metadata = True, metadata(pads)
     runner = asyncio.create_task(batcher.run())

@@ -24,7 +24,7 @@ from carpool.sidecar.errors import (
     Unavailable,
 )
 from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.pending import BatchKey, PendingRequest
+from carpool.sidecar.pending import BatchKey
 
 KEY = BatchKey(("x",))
 
@@ -50,6 +50,10 @@ class Model:
         return results[:-1] if self.drop_one else results
 
 
+class Body(dict[str, Tensor]):
+    """An item a test can hold a weak reference to."""
+
+
 def value(item: Item) -> float:
     return float(item["x"].to_numpy()[0])
 
@@ -63,7 +67,7 @@ class Harness:
         self.registry = CollectorRegistry()
         self.metrics = SidecarMetrics(self.registry, "m")
         self.model = Model()
-        self.batcher = Batcher(BatchingSettings(**settings), self.model.send, self.metrics)
+        self.batcher = Batcher(BatchingSettings(**settings), self.model, self.metrics)
 
     def request(
         self,
@@ -73,16 +77,11 @@ class Harness:
         key: BatchKey = KEY,
         lengths: list[int] | None = None,
     ) -> asyncio.Task[list[ItemResult]]:
-        loop = asyncio.get_running_loop()
-        pending = PendingRequest(
-            items=items(*values),
-            key=key,
-            priority=priority,
-            deadline=loop.time() + timeout_s,
-            future=loop.create_future(),
-            lengths=lengths,
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        submitted = self.batcher.submit(
+            items(*values), key, deadline, priority=priority, lengths=lengths
         )
-        return asyncio.create_task(self.batcher.submit(pending))
+        return asyncio.create_task(submitted)
 
     def batches(self, reason: str) -> float:
         value = self.registry.get_sample_value(
@@ -329,16 +328,16 @@ async def test_requests_that_leave_the_queue_are_freed() -> None:
         await h.model.started.wait()
         loop = asyncio.get_running_loop()
         kept = h.request(9.0)
-        left: list[weakref.ref[asyncio.Future[list[ItemResult]]]] = []
+        left: list[weakref.ref[Body]] = []
         for key in (KEY, BatchKey(("other",))):  # beside a waiting request, and alone
             for _ in range(3):
-                pending = PendingRequest(items(1.0), key, 0, loop.time() + 5, loop.create_future())
-                task = asyncio.create_task(h.batcher.submit(pending))
+                body = Body(items(1.0)[0])
+                task = asyncio.create_task(h.batcher.submit([body], key, loop.time() + 5))
                 await settle()
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                left.append(weakref.ref(pending.future))
-                del pending, task
+                left.append(weakref.ref(body))
+                del body, task
         await settle()
         gc.collect()
         alive = [ref() is not None for ref in left]

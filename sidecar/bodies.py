@@ -1,0 +1,132 @@
+"""The JSON bodies of the sidecar's HTTP API, as types.
+
+The routes build their small answers with these, and `openapi` turns them into the
+document's schemas (pydantic writes the JSON Schema), so the two cannot disagree. The
+inference bodies are parsed and written by the codecs (`oip`, `kserve_v1`) for speed; the
+contract test (`tests/sidecar/test_openapi.py`) keeps them to these types.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, NotRequired
+
+from pydantic import Field, WithJsonSchema
+
+# pydantic needs typing_extensions' TypedDict before Python 3.12.
+from typing_extensions import TypedDict
+
+from carpool.contract.wire import DATATYPES
+
+Datatype = Annotated[str, WithJsonSchema({"enum": sorted(DATATYPES)})]
+Count = Annotated[int, Field(ge=0)]
+
+
+class Error(TypedDict):
+    error: str
+
+
+class Live(TypedDict):
+    live: bool
+
+
+class Ready(TypedDict):
+    ready: bool
+
+
+class ServerMetadata(TypedDict):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class TensorMetadata(TypedDict):
+    name: str
+    datatype: Datatype
+    shape: Annotated[list[Annotated[int, Field(ge=-1)]], Field(description="-1: any length.")]
+
+
+class ModelMetadata(TypedDict):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ModelReady(TypedDict):
+    name: str
+    ready: bool
+
+
+class InferParameters(TypedDict):
+    """Request parameters; unknown keys are ignored."""
+
+    priority: NotRequired[Annotated[int, Field(description="Higher is served first.")]]
+    timeout: NotRequired[
+        Annotated[
+            float,
+            Field(
+                gt=0,
+                description="Deadline in microseconds, as Triton clients send it; it only "
+                "ever shortens the configured timeoutMs.",
+                json_schema_extra={"x-unit": "microseconds"},
+            ),
+        ]
+    ]
+    binary_data_output: NotRequired[bool]
+
+
+class BinaryDataSize(TypedDict):
+    binary_data_size: NotRequired[Count]
+
+
+class RequestInput(TypedDict):
+    name: str
+    datatype: Datatype
+    shape: Annotated[list[Count], Field(min_length=1)]
+    parameters: NotRequired[BinaryDataSize]
+    data: NotRequired[
+        Annotated[
+            Any,
+            Field(description="Flat or nested values; absent when the data is binary."),
+        ]
+    ]
+
+
+class BinaryData(TypedDict):
+    binary_data: NotRequired[bool]
+
+
+class RequestedOutput(TypedDict):
+    name: str
+    parameters: NotRequired[BinaryData]
+
+
+class InferenceRequest(TypedDict):
+    id: NotRequired[str]
+    parameters: NotRequired[InferParameters]
+    inputs: Annotated[list[RequestInput], Field(min_length=1)]
+    outputs: NotRequired[list[RequestedOutput]]
+
+
+class ResponseOutput(TypedDict):
+    name: str
+    datatype: Datatype
+    shape: list[Count]
+    data: NotRequired[list[Any]]
+    parameters: NotRequired[BinaryDataSize]
+
+
+class InferenceResponse(TypedDict):
+    id: NotRequired[str]
+    model_name: str
+    model_version: str
+    outputs: list[ResponseOutput]
+
+
+class PredictRequest(TypedDict):
+    instances: Annotated[list[Any], Field(min_length=1)]
+
+
+class PredictResponse(TypedDict):
+    predictions: list[Any]
