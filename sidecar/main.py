@@ -13,6 +13,7 @@ import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from carpool.contract import pod
 from carpool.contract.batching import DISPATCH_MODES, Dispatch
 from carpool.sidecar.app import SIDECAR, create_app
 from carpool.sidecar.config import BatchingSettings, ConfigError, SidecarConfig
@@ -34,9 +35,9 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 
 @click.command("sidecar")
 @_option("model-name", str, None, "model name served in URLs (required)")
-@_option("model-server", str, "unix:///run/carpool/model.sock", "unix://PATH or http://HOST:PORT")
+@_option("model-server", str, pod.MODEL_SERVER_URL, "unix://PATH or http://HOST:PORT")
 @_option("host", str, "127.0.0.1", "listen address (0.0.0.0 in pods)")
-@_option("port", int, 8080, "listen port")
+@_option("port", int, pod.SIDECAR_PORT, "listen port")
 @_option("config-file", click.Path(dir_okay=False), None, "batching settings JSON, live reload")
 @_option("max-batch-size", int, DEFAULTS.max_batch_size, "items per batch, at most")
 @_option("max-wait-ms", float, DEFAULTS.max_wait_ms, "longest a batch waits from its first item")
@@ -46,7 +47,7 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "adaptive: no wait when idle")
 @_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
 @_option("max-body-bytes", int, 64 * 1024 * 1024, "largest request body (413 above)")
-@_option("drain-seconds", float, 30.0, "grace to finish queued work on SIGTERM")
+@_option("drain-seconds", float, float(pod.DRAIN_SECONDS), "grace to finish queued work on SIGTERM")
 def command(
     model_name: str | None,
     model_server: str,
