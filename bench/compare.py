@@ -23,10 +23,6 @@ from pathlib import Path
 
 import click
 import orjson
-
-# Sibling modules of this script; bench/ is a folder of scripts, not a package.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import servers
 import summary
 

@@ -19,10 +19,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
-
-# tests/ holds the helpers (support.*, dashboard.*), as pytest's pythonpath has it.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from dashboard.live import RATE_INTERVAL, live_metrics
 from dashboard.panels import CUDA_ONLY, Panel, load, panels, substitute
 
