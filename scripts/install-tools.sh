@@ -20,19 +20,22 @@ if [[ ! -x "$cache/bin/kubectl" || ! -x "$cache/bin/helm" ]]; then
     rm -rf "$work"
 fi
 
-if ! command -v prometheus >/dev/null 2>&1; then
+# The system's own Prometheus, never the link below (the Makefile puts $cache/bin first on PATH).
+system_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+if ! PATH=$system_path command -v prometheus >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     # The daemon is started by the tests themselves, on 127.0.0.1; not by the package's service.
     apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
-ln -sf "$(command -v prometheus)" "$cache/bin/prometheus"
+ln -sfn "$(PATH=$system_path command -v prometheus)" "$cache/bin/prometheus"
 
 if [[ ! -x "$cache/checkov/bin/checkov" ]]; then
     python3 -m venv "$cache/checkov"
     "$cache/checkov/bin/pip" install -qq checkov
 fi
-ln -sf "$cache/checkov/bin/checkov" "$cache/bin/checkov"
+# Relative, so the link holds wherever the checkout (or a link to its .cache) lives.
+ln -sfn ../checkov/bin/checkov "$cache/bin/checkov"
 
 "$cache/bin/kubectl" version --client=true | sed -n 1p  # reads to the end: no SIGPIPE under pipefail
 "$cache/bin/helm" version --short
