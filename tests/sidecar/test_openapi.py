@@ -22,10 +22,10 @@ import numpy as np
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
-from support.processes import free_port
 from support.sidecar import Sidecar, get, run_sidecar, wait_for
 
 from carpool.model_server import wire
+from carpool.processes import free_port
 
 # What the scripted model server does with an item, by its value.
 ECHO, REFUSE, FAIL, GARBLE, HOLD, DOWN, SLOW = range(7)
