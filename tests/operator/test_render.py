@@ -123,6 +123,7 @@ def test_pod_layout_follows_the_architecture() -> None:
         "--model-server", "unix:///run/carpool/model.sock",
         "--host", "0.0.0.0", "--port", "8080",
         "--drain-seconds", "30",
+        "--drain-delay-seconds", "10",
         "--config-file", "/etc/carpool/batching.json",
     ]  # fmt: skip
     assert [port["containerPort"] for port in sidecar["ports"]] == [8080]
