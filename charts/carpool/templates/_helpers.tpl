@@ -71,11 +71,12 @@ The ServiceAccount the operator runs as.
 
 {{/*
 An image reference from a map with repository, tag and digest; the tag defaults to the
-chart's appVersion, and a digest, when set, pins the image instead of the tag.
+chart's appVersion (plus the map's tagSuffix, if any), and a digest, when set, pins the image
+instead of the tag.
 Usage: include "carpool.image" (dict "image" .Values.images.operator "root" .)
 */}}
 {{- define "carpool.image" -}}
-{{- $tag := default .root.Chart.AppVersion .image.tag }}
+{{- $tag := default (printf "%s%s" .root.Chart.AppVersion (default "" .image.tagSuffix)) .image.tag }}
 {{- if .image.digest }}
 {{- printf "%s@%s" .image.repository .image.digest }}
 {{- else }}
