@@ -2,10 +2,10 @@
 
 It runs `python -m carpool.storage` from the model's own image, so the pod pulls one image and
 the downloader (fsspec and the stores' libraries) ships with carpool. The Secret named by
-weights.secretName becomes its environment: each store's library reads its credentials there
-(see carpool/storage.py), and its files appear under CREDENTIALS_PATH, for stores that want a
-file (GCS: put GOOGLE_APPLICATION_CREDENTIALS=<CREDENTIALS_PATH>/key.json in the same Secret).
-The model server never sees those credentials.
+weights.secretName is mounted at CREDENTIALS_PATH in the fetcher alone: its keys named like
+variables (AWS_ACCESS_KEY_ID, HF_TOKEN, ...) become the fetcher's own environment, the others
+stay files (GCS: GOOGLE_APPLICATION_CREDENTIALS=<CREDENTIALS_PATH>/key.json and the key file).
+Nothing of it is in the pod's spec or reaches the model server.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def storage_fetcher(
         ],
     }
     if secret_name:
-        container["envFrom"] = [{"secretRef": {"name": secret_name}}]
+        container["command"] += ["--credentials", CREDENTIALS_PATH]
         mount = {"name": CREDENTIALS_VOLUME, "mountPath": CREDENTIALS_PATH, "readOnly": True}
         container["volumeMounts"].append(mount)
     return container

@@ -467,3 +467,16 @@ def test_adapter_rules_serve_the_metric_the_hpas_read() -> None:
         "pod": {"resource": "pod"},
     }
     assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+
+def test_the_cuda_build_is_named_alike_everywhere() -> None:
+    """`make image-cuda`'s tag is what the chart and the operator run for GPU models."""
+    from carpool.operator.defaults import DEFAULT_CUDA_IMAGE, DEFAULT_IMAGE
+
+    (cuda,) = re.findall(r"^CUDA \?= (cu\d+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["images"]["modelServerCuda"]["tagSuffix"] == f"-{cuda}"
+    assert f"{DEFAULT_IMAGE}-{cuda}" == DEFAULT_CUDA_IMAGE
+    for doc in ("Dockerfile", "README.md", "docs/install.md", "docs/operator.md"):
+        named = set(re.findall(r"download\.pytorch\.org/whl/(cu\d+)", (REPO / doc).read_text()))
+        assert named <= {cuda}, f"{doc} names CUDA builds {named}, `make image-cuda` {cuda}"

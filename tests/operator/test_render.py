@@ -444,9 +444,14 @@ def test_storage_uri_is_fetched_by_an_init_container_with_the_secret() -> None:
     (fetcher,) = pod["initContainers"]
     assert fetcher["command"] == [
         "python", "-m", "carpool.storage", "s3://models/m.tar.gz", "/weights",
+        "--credentials", "/var/run/secrets/carpool/weights",
     ]  # fmt: skip
     assert fetcher["image"] == pod["containers"][0]["image"]  # one image to pull
-    assert fetcher["envFrom"] == [{"secretRef": {"name": "store"}}]
+    assert {
+        "name": "weights-credentials",
+        "mountPath": "/var/run/secrets/carpool/weights",
+        "readOnly": True,
+    } in fetcher["volumeMounts"]
     assert {"name": "weights", "mountPath": "/weights"} in fetcher["volumeMounts"]
     assert {"name": "weights", "emptyDir": {}} in pod["volumes"]
     assert {"name": "weights-credentials", "secret": {"secretName": "store"}} in pod["volumes"]
@@ -454,12 +459,10 @@ def test_storage_uri_is_fetched_by_an_init_container_with_the_secret() -> None:
     server = pod["containers"][0]
     assert {"name": "weights", "mountPath": "/weights"} in server["volumeMounts"]
     assert all(mount["name"] != "weights-credentials" for mount in server["volumeMounts"])
-    assert "envFrom" not in server
 
     hub = pod_of(render(SPECS["gpu-tuned"]))["initContainers"][0]
     assert hub["command"][-2:] == ["hf://sentence-transformers/all-MiniLM-L6-v2", "/models"]
     assert {"name": "HF_HUB_OFFLINE", "value": "0"} in hub["env"]  # the image is offline
-    assert "envFrom" not in hub
 
 
 def test_pod_monitor_takes_extra_labels_but_keeps_its_own() -> None:
