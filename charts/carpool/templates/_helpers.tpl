@@ -91,3 +91,11 @@ the release namespace.
 {{- define "carpool.dashboardNamespace" -}}
 {{- default .Release.Namespace .Values.dashboard.namespace }}
 {{- end }}
+
+{{/*
+The name of the prometheus-adapter rules ConfigMap, which users pass to the adapter as
+rules.existing: the full name, shortened so that the suffix fits in 63 characters.
+*/}}
+{{- define "carpool.adapterRulesName" -}}
+{{- printf "%s-adapter-rules" (include "carpool.fullname" . | trunc 49 | trimSuffix "-") }}
+{{- end }}
