@@ -6,28 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from support.batched_models import condition, model
 from support.kube_api import Kind
 from support.kube_cluster import Cluster
 
 from carpool.operator.autoscaling_status import autoscaling_condition
-
-
-def model(name: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": "carpool.dev/v1alpha1",
-        "kind": "BatchedModel",
-        "metadata": {"name": name},
-        "spec": {"model": {"handler": "toy", "device": "cpu"}, "resources": {"cpu": "500m"}},
-    }
-    body["spec"].update(spec)
-    return body
-
-
-def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    for item in body.get("status", {}).get("conditions", []):
-        if item["type"] == kind:
-            return dict(item)
-    return {}
 
 
 def waits_for(cluster: Cluster, name: str, kind: str, status: str, reason: str) -> dict[str, Any]:
