@@ -91,8 +91,12 @@ class Prometheus:
         raise AssertionError(f"Prometheus targets not up after {timeout_s}s: {self.targets()}")
 
 
-def _config(jobs: Mapping[str, Sequence[str]], scrape_interval_s: float) -> str:
-    """prometheus.yml as JSON (a subset of YAML): one static job per name."""
+def _config(
+    jobs: Mapping[str, Sequence[str]],
+    scrape_interval_s: float,
+    labels: Mapping[str, Mapping[str, str]],
+) -> str:
+    """prometheus.yml as JSON (a subset of YAML): one static job per name, with its labels."""
     interval = f"{int(scrape_interval_s * 1000)}ms"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
@@ -101,7 +105,9 @@ def _config(jobs: Mapping[str, Sequence[str]], scrape_interval_s: float) -> str:
                 "job_name": name,
                 "scrape_interval": interval,
                 "scrape_timeout": interval,
-                "static_configs": [{"targets": list(targets)}],
+                "static_configs": [
+                    {"targets": list(targets), "labels": dict(labels.get(name, {}))}
+                ],
             }
             for name, targets in jobs.items()
         ],
@@ -115,11 +121,13 @@ def run_prometheus(
     jobs: Mapping[str, Sequence[str]],
     scrape_interval_s: float = 1.0,
     timeout_s: float = 30.0,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[Prometheus]:
+    """`labels`: target labels per job, as Kubernetes discovery adds namespace and pod."""
     folder = tmp_path / "prometheus"
     folder.mkdir()
     config = folder / "prometheus.yml"
-    config.write_text(_config(jobs, scrape_interval_s))
+    config.write_text(_config(jobs, scrape_interval_s, labels or {}))
     port = free_port()
     args = [
         str(PROMETHEUS),
