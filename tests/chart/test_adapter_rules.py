@@ -3,18 +3,14 @@ Prometheus scraping the sidecar's own metrics."""
 
 from __future__ import annotations
 
-import functools
-import threading
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import yaml
 from chart.rendering import by_kind, render
 from prometheus_client import CollectorRegistry, generate_latest
-from support.prometheus import run_prometheus
+from support.prometheus import run_prometheus, static_exporter
 
 from carpool.sidecar.metrics import SidecarMetrics
 
@@ -22,36 +18,11 @@ from carpool.sidecar.metrics import SidecarMetrics
 QUEUES = {("ml", "m-7d9f-a"): 6, ("ml", "m-7d9f-b"): 2, ("other", "m-5c2e-a"): 50}
 
 
-class _Exposition(BaseHTTPRequestHandler):
-    def __init__(self, body: bytes, *args: Any) -> None:
-        self.body = body
-        super().__init__(*args)
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-@contextmanager
-def sidecar_metrics(queued: int) -> Iterator[str]:
-    """A /metrics endpoint on 127.0.0.1 with a sidecar's metrics, `queued` items waiting."""
+def sidecar_metrics(queued: int) -> bytes:
+    """A sidecar's metrics, `queued` items waiting, as its /metrics would serve them."""
     registry = CollectorRegistry()
     SidecarMetrics(registry, model="m").queue_items.set(queued)
-    handler = functools.partial(_Exposition, generate_latest(registry))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    return generate_latest(registry)
 
 
 def adapter_rule() -> dict[str, Any]:
@@ -66,7 +37,7 @@ def test_the_rule_gives_each_pod_its_queue(tmp_path: Path) -> None:
     with ExitStack() as stack:
         jobs, labels = {}, {}
         for (namespace, pod), queued in QUEUES.items():
-            jobs[pod] = [stack.enter_context(sidecar_metrics(queued))]
+            jobs[pod] = [stack.enter_context(static_exporter(sidecar_metrics(queued)))]
             # What the PodMonitor's scrape adds to every series of a pod.
             labels[pod] = {"namespace": namespace, "pod": pod}
         prometheus = stack.enter_context(run_prometheus(tmp_path, jobs, labels=labels))

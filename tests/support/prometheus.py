@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -21,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,32 @@ def _wait_ready(prometheus: Prometheus, timeout_s: float) -> None:
 
 def _stop(prometheus: Prometheus, timeout_s: float = 10.0) -> None:
     stop_process(prometheus.process, timeout_s)
+
+
+def _handler(body: bytes) -> type[BaseHTTPRequestHandler]:
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # scrapes every second would flood the test output
+
+    return Metrics
+
+
+@contextmanager
+def static_exporter(body: bytes) -> Iterator[str]:
+    """A `/metrics` endpoint on 127.0.0.1 serving the exposition text `body`; yields host:port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(body))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
