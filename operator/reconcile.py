@@ -7,11 +7,12 @@ import collections
 import datetime
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import kopf
 
+from carpool.operator.autoscaling_status import dependency_conditions
 from carpool.operator.defaults import Defaults
 from carpool.operator.diff import contains
 from carpool.operator.kube import RESOURCES, ApiError, KubeClient
@@ -112,6 +113,9 @@ async def _status(
     if deployment is not None and not _owned_by(deployment, metadata.get("uid", "")):
         deployment = None
     observation = observe(deployment, error)
+    if applied is not None:
+        extra = await dependency_conditions(kube, applied)
+        observation = replace(observation, conditions=observation.conditions + extra)
     current = body.get("status", {})
     conditions, flipped = merge_conditions(
         current.get("conditions", []),

@@ -28,19 +28,23 @@ from carpool.contract.pod import (
 # DEFAULT_IMAGE: re-exported, the image a model gets when neither it nor the operator names one.
 from carpool.operator.defaults import DEFAULT_IMAGE as DEFAULT_IMAGE
 from carpool.operator.defaults import Defaults
+from carpool.operator.probes import startup_probe
+from carpool.operator.rollout import strategy
 from carpool.operator.spec import ModelSpec, parse
+from carpool.operator.termination import grace_period, pre_stop
 from carpool.operator.types import Manifest
+from carpool.operator.weights import storage_fetcher, storage_volumes
 
 GROUP = "carpool.dev"
 VERSION = "v1alpha1"
 KIND = "BatchedModel"
 MANAGED_BY = "carpool"
 
-# Both containers drain for DRAIN_SECONDS after SIGTERM, then the model server finishes the
-# batch in flight. The kubelet waits the grace period before SIGKILL: the drain plus a margin
-# for the last batch and exit.
+# After SIGTERM the sidecar sends what it queued for up to DRAIN_SECONDS; the model server
+# serves while those batches come (at most as long), then finishes the batch in flight. The
+# kubelet waits the grace period before SIGKILL: the drain delay (termination.py), the drain,
+# and a margin for the last batch and exit.
 SHUTDOWN_MARGIN_S = 15
-TERMINATION_GRACE_S = DRAIN_SECONDS + SHUTDOWN_MARGIN_S
 RUN_AS = 65532
 
 # The restricted Pod Security Standard, per container.
@@ -109,7 +113,10 @@ def _model_server(spec: ModelSpec) -> Manifest:
         # pods, while the sidecar's batch size is re-tuned live through the ConfigMap.
         ModelServerFlag.MAX_BATCH_SIZE, str(spec.model_max_batch_size),
         ModelServerFlag.DRAIN_SECONDS, str(DRAIN_SECONDS),
+        ModelServerFlag.TORCH_THREADS, str(spec.torch_threads),
     ]  # fmt: skip
+    if spec.gpu:
+        command.append(ModelServerFlag.REQUIRE_GPU)
     if spec.model_path:
         command += [ModelServerFlag.MODEL_PATH, spec.model_path]
     command += list(spec.args)
@@ -143,15 +150,15 @@ def _model_server(spec: ModelSpec) -> Manifest:
             "failureThreshold": 6,
         },
         # Loading and warming a model can take minutes; liveness waits for this first.
-        "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
-            "periodSeconds": 5,
-            "failureThreshold": 120,
-        },
+        "startupProbe": startup_probe(spec.load_timeout_s, "metrics"),
         "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": limits},
         "securityContext": _CONTAINER_SECURITY,
         "volumeMounts": mounts,
+        # A start that fails (no GPU, a bad model) says why in `kubectl describe pod`.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if lifecycle := pre_stop(spec.drain_delay_s):
+        container["lifecycle"] = lifecycle
     if spec.env:
         container["env"] = [dict(item) for item in spec.env]
     return container
@@ -166,6 +173,7 @@ def _sidecar(spec: ModelSpec) -> Manifest:
         SidecarFlag.HOST, "0.0.0.0",
         SidecarFlag.PORT, str(SIDECAR_PORT),
         SidecarFlag.DRAIN_SECONDS, str(DRAIN_SECONDS),
+        SidecarFlag.DRAIN_DELAY_SECONDS, str(spec.drain_delay_s),
         SidecarFlag.CONFIG_FILE, f"{CONFIG_DIR}/{CONFIG_FILE}",
     ]  # fmt: skip
     return {
@@ -195,6 +203,16 @@ def _sidecar(spec: ModelSpec) -> Manifest:
 
 
 def _fetcher(spec: ModelSpec) -> Manifest:
+    if spec.weights.kind == "storage":
+        resources = {"cpu": spec.cpu, "memory": spec.memory}
+        container = storage_fetcher(
+            image=spec.image,
+            uri=spec.weights.url,
+            mount_path=spec.weights.mount_path,
+            secret_name=spec.weights.secret_name,
+            resources={"requests": resources, "limits": dict(resources)},
+        )
+        return {**container, "securityContext": _CONTAINER_SECURITY}
     target = f"{spec.weights.mount_path}/{spec.weights.file_name}"
     return {
         "name": "fetch-weights",
@@ -219,8 +237,9 @@ def _volumes(spec: ModelSpec) -> list[Manifest]:
         if spec.weights.read_only:
             claim["readOnly"] = True
         volumes.append({"name": "weights", "persistentVolumeClaim": claim})
-    elif spec.weights.kind == "uri":
+    elif spec.weights.kind in ("uri", "storage"):
         volumes.append({"name": "weights", "emptyDir": {}})
+        volumes += storage_volumes(spec.weights.secret_name)
     return volumes
 
 
@@ -235,13 +254,15 @@ def _pod_spec(spec: ModelSpec) -> Manifest:
         },
         # The pods serve a model; they never talk to the Kubernetes API.
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "terminationGracePeriodSeconds": grace_period(
+            spec.drain_delay_s, DRAIN_SECONDS, SHUTDOWN_MARGIN_S
+        ),
         "containers": [_model_server(spec), _sidecar(spec)],
         "volumes": _volumes(spec),
     }
     # Optional fields appear only when set: the API server drops empty ones, and a field we
     # render but the server drops would look like drift on every resync.
-    if spec.weights.kind == "uri":
+    if spec.weights.kind in ("uri", "storage"):
         pod["initContainers"] = [_fetcher(spec)]
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
@@ -255,6 +276,8 @@ def _pod_spec(spec: ModelSpec) -> Manifest:
         pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name
+    if spec.runtime_class_name:
+        pod["runtimeClassName"] = spec.runtime_class_name
     return pod
 
 
@@ -266,6 +289,8 @@ def deployment(spec: ModelSpec) -> Manifest:
     }
     if not spec.autoscaling.enabled:  # otherwise the HPA owns the replica count
         deployment_spec["replicas"] = spec.replicas
+    if rollout := strategy(spec.rollout):
+        deployment_spec["strategy"] = rollout
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -335,10 +360,14 @@ def horizontal_pod_autoscaler(spec: ModelSpec) -> Manifest:
 
 
 def pod_monitor(spec: ModelSpec) -> Manifest:
+    metadata = _metadata(spec, spec.name)
+    # Extra labels first: a Prometheus selects PodMonitors by them (e.g. `release`), but
+    # they must not displace carpool's own.
+    metadata["labels"] = {**spec.pod_monitor_labels, **metadata["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _metadata(spec, spec.name),
+        "metadata": metadata,
         "spec": {
             "selector": {"matchLabels": selector_labels(spec)},
             "podMetricsEndpoints": [

@@ -17,6 +17,11 @@ from carpool.contract.batching import KNOB_BY_KEY, Batching
 from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults, is_image
+from carpool.operator.gpu import model_image, runtime_class_name
+from carpool.operator.probes import DEFAULT_LOAD_TIMEOUT_S
+from carpool.operator.rollout import Rollout, parse_rollout
+from carpool.operator.termination import DEFAULT_DRAIN_DELAY_S
+from carpool.operator.threads import torch_threads
 from carpool.operator.types import Manifest
 
 _HANDLER_CLASS = re.compile(
@@ -35,13 +40,14 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Weights:
-    kind: str  # "image", "pvc" or "uri"
+    kind: str  # "image", "pvc", "uri" or "storage"
     claim_name: str = ""
     mount_path: str = "/models"
     read_only: bool = True
     url: str = ""
     file_name: str = "model.pt"
     fetcher_image: str = "curlimages/curl:8.11.1"
+    secret_name: str = ""  # storage: the Secret holding the store's credentials
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ class ModelSpec:
     service_port: int = 80
     pod_monitor: bool = False
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    runtime_class_name: str = ""
+    rollout: Rollout = field(default_factory=Rollout)
+    load_timeout_s: int = DEFAULT_LOAD_TIMEOUT_S
+    drain_delay_s: int = DEFAULT_DRAIN_DELAY_S
+    torch_threads: int = 1
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def batch_size_clamped(self) -> bool:
@@ -117,6 +129,13 @@ def _weights(model: Mapping[str, Any]) -> Weights:
             mount_path=str(pvc.get("mountPath", "/models")),
             read_only=bool(pvc.get("readOnly", True)),
         )
+    if "storageUri" in weights:
+        return Weights(
+            kind="storage",
+            url=str(weights["storageUri"]),
+            mount_path=str(weights.get("mountPath", "/models")),
+            secret_name=str(weights.get("secretName", "")),
+        )
     if "uri" in weights:
         uri = _section(weights, "uri")
         return Weights(
@@ -133,6 +152,11 @@ def _known(batching: Mapping[str, Any]) -> dict[str, Any]:
     """spec.batching without keys that are no knob's: the API server prunes those, and a file
     given to `carpool render` gets the same."""
     return {key: value for key, value in batching.items() if key in KNOB_BY_KEY}
+
+
+def _optional_int(section: Mapping[str, Any], key: str) -> int | None:
+    value = section.get(key)
+    return None if value is None else int(value)
 
 
 def _check_handler(handler: str) -> None:
@@ -163,7 +187,8 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
 
     handler = str(model.get("handler", ""))
     _check_handler(handler)
-    image = str(model.get("image") or defaults.image)
+    gpu = int(resources.get("gpu", 0))
+    image = model_image(str(model.get("image", "")), defaults, gpu)
     _check_image("spec.model.image", image)
     sidecar_image = str(sidecar.get("image") or defaults.sidecar_image or image)
     _check_image("spec.sidecar.image", sidecar_image)
@@ -187,7 +212,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
         model_max_batch_size=int(model.get("maxBatchSize", MODEL_MAX_BATCH_SIZE)),
         weights=weights,
         replicas=int(spec.get("replicas", 1)),
-        gpu=int(resources.get("gpu", 0)),
+        gpu=gpu,
         cpu=str(resources.get("cpu", "1")),
         memory=str(resources.get("memory", "2Gi")),
         node_selector={str(k): str(v) for k, v in _section(spec, "nodeSelector").items()},
@@ -209,4 +234,16 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
             max_replicas=int(autoscaling.get("maxReplicas", 4)),
             target_queue_items_per_pod=int(autoscaling.get("targetQueueItemsPerPod", 16)),
         ),
+        runtime_class_name=runtime_class_name(str(spec.get("runtimeClassName", "")), defaults, gpu),
+        rollout=parse_rollout(_section(spec, "rollout"), gpu),
+        load_timeout_s=int(model.get("loadTimeoutSeconds", DEFAULT_LOAD_TIMEOUT_S)),
+        drain_delay_s=int(
+            _section(spec, "shutdown").get("drainDelaySeconds", DEFAULT_DRAIN_DELAY_S)
+        ),
+        torch_threads=torch_threads(
+            str(resources.get("cpu", "1")), _optional_int(model, "torchThreads")
+        ),
+        pod_monitor_labels={
+            str(k): str(v) for k, v in _section(_section(spec, "monitoring"), "labels").items()
+        },
     )

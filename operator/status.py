@@ -14,7 +14,7 @@ from typing import Any
 from carpool.operator.spec import SpecError
 from carpool.operator.types import Manifest
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Autoscaling", "Monitoring")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class ModelServerFlag:
     DTYPE: Final = "--dtype"
     MAX_BATCH_SIZE: Final = "--max-batch-size"
     DRAIN_SECONDS: Final = "--drain-seconds"
+    TORCH_THREADS: Final = "--torch-threads"
+    REQUIRE_GPU: Final = "--require-gpu"
 
 
 class SidecarFlag:
@@ -51,4 +53,5 @@ class SidecarFlag:
     HOST: Final = "--host"
     PORT: Final = "--port"
     DRAIN_SECONDS: Final = "--drain-seconds"
+    DRAIN_DELAY_SECONDS: Final = "--drain-delay-seconds"
     CONFIG_FILE: Final = "--config-file"

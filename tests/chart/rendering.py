@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+from support.kube_cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "carpool"
@@ -49,3 +51,15 @@ def one(manifests: list[Manifest], kind: str) -> Manifest:
     found = by_kind(manifests, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def run_helm(cluster: Cluster, *args: str) -> str:
+    """helm against `cluster`, its caches under the test's folder, never in the user's home."""
+    home = cluster.kubeconfig.parent / "helm-home"
+    env = dict(
+        os.environ,
+        HELM_CACHE_HOME=str(home / "cache"),
+        HELM_CONFIG_HOME=str(home / "config"),
+        HELM_DATA_HOME=str(home / "data"),
+    )
+    return helm(*args, "--kubeconfig", str(cluster.kubeconfig), env=env, timeout=120)

@@ -3,44 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from chart.rendering import CHART, NAMESPACE, RELEASE, helm
-from support.kube_api import ServedKubeApi
+from chart.rendering import CHART, NAMESPACE, RELEASE, run_helm
 from support.kube_cluster import Cluster
 
 CRD_NAME = "batchedmodels.carpool.dev"
-
-
-@pytest.fixture
-def served() -> Iterator[ServedKubeApi]:
-    with ServedKubeApi() as served:
-        yield served
-
-
-@pytest.fixture
-def cluster(served: ServedKubeApi, tmp_path: Path) -> Cluster:
-    kubeconfig = served.write_kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
-    return Cluster(kubeconfig, NAMESPACE, served.api)
-
-
-def run_helm(cluster: Cluster, *args: str) -> str:
-    # HELM_* caches under the test's folder, never in the user's home.
-    home = cluster.kubeconfig.parent / "helm-home"
-    env = dict(
-        os.environ,
-        HELM_CACHE_HOME=str(home / "cache"),
-        HELM_CONFIG_HOME=str(home / "config"),
-        HELM_DATA_HOME=str(home / "data"),
-    )
-    return helm(*args, "--kubeconfig", str(cluster.kubeconfig), env=env, timeout=120)
 
 
 def operator_env(cluster: Cluster) -> dict[str, str]:

@@ -165,6 +165,7 @@ def _images(manifests: list[Manifest]) -> dict[str, str]:
         "operator": container["image"],
         "sidecar": env["CARPOOL_DEFAULT_SIDECAR_IMAGE"],
         "modelServer": env["CARPOOL_DEFAULT_IMAGE"],
+        "modelServerCuda": env["CARPOOL_DEFAULT_CUDA_IMAGE"],
     }
 
 
@@ -175,10 +176,14 @@ def test_image_tags_follow_the_app_version(tmp_path: Path) -> None:
         "operator": "",
         "sidecar": "",
         "modelServer": "",
+        "modelServerCuda": "",
     }
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     repository = "ghcr.io/carpool-dev/carpool"
-    assert set(_images(render()).values()) == {f"{repository}:{app_version}"}
+    assert set(_images(render()).values()) == {
+        f"{repository}:{app_version}",
+        f"{repository}:{app_version}-cu128",  # the CUDA build, `make image-cuda`
+    }
 
     helm("package", str(CHART), "--app-version", "9.8.7", "--destination", str(tmp_path))
     (archive,) = tmp_path.glob("carpool-*.tgz")
@@ -193,6 +198,7 @@ def test_image_tags_follow_the_app_version(tmp_path: Path) -> None:
         "operator": f"{repository}:9.8.7",
         "sidecar": f"{repository}:1.2.3",  # a tag, when given, wins
         "modelServer": f"{repository}:9.8.7",
+        "modelServerCuda": f"{repository}:9.8.7-cu128",
     }
 
 
@@ -412,3 +418,65 @@ def test_packaged_chart_carries_the_crd_and_dashboard(tmp_path: Path) -> None:
     assert json.loads(one(manifests, "ConfigMap")["data"]["carpool.json"]) == dashboard
     listing = helm("show", "chart", str(archive))
     assert "name: carpool" in listing
+
+
+def test_gpu_defaults_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    _, defaults = _operator_context(render(), monkeypatch)
+    assert defaults.cuda_image == f"ghcr.io/carpool-dev/carpool:{app_version}-cu128"
+    assert defaults.runtime_class_name == ""
+
+    gpu = render(sets=("gpu.runtimeClassName=nvidia", "images.modelServerCuda.tag=2.0-cu130"))
+    _, defaults = _operator_context(gpu, monkeypatch)
+    assert defaults.runtime_class_name == "nvidia"
+    assert defaults.cuda_image == "ghcr.io/carpool-dev/carpool:2.0-cu130"
+    assert defaults.image == f"ghcr.io/carpool-dev/carpool:{app_version}"
+
+
+def test_adapter_rules_serve_the_metric_the_hpas_read() -> None:
+    from carpool.operator.render import horizontal_pod_autoscaler
+    from carpool.operator.spec import ModelSpec
+
+    def adapter_rules(manifests: list[Manifest]) -> list[Manifest]:
+        return [m for m in by_kind(manifests, "ConfigMap") if "config.yaml" in m["data"]]
+
+    assert adapter_rules(render()) == []  # off unless asked for
+    (rules,) = adapter_rules(
+        render(
+            sets=(
+                "customMetrics.adapterRules.enabled=true",
+                "customMetrics.adapterRules.namespace=mon",
+            )
+        )
+    )
+    # The name and namespace the install docs give prometheus-adapter (rules.existing).
+    assert (rules["metadata"]["name"], rules["metadata"]["namespace"]) == (
+        "carpool-adapter-rules",
+        "mon",
+    )
+    (rule,) = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+    hpa = horizontal_pod_autoscaler(
+        ModelSpec(name="m", namespace="ml", uid="", generation=1, handler="toy", image="carpool:1")
+    )
+    (metric,) = hpa["spec"]["metrics"]
+    wanted = metric["pods"]["metric"]["name"]
+    assert rule["name"]["as"] == wanted and rule["seriesQuery"].startswith(wanted + "{")
+    # Per pod: the HPA asks for pods, so the series must map to pods and namespaces.
+    assert rule["resources"]["overrides"] == {
+        "namespace": {"resource": "namespace"},
+        "pod": {"resource": "pod"},
+    }
+    assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+
+def test_the_cuda_build_is_named_alike_everywhere() -> None:
+    """`make image-cuda`'s tag is what the chart and the operator run for GPU models."""
+    from carpool.operator.defaults import DEFAULT_CUDA_IMAGE, DEFAULT_IMAGE
+
+    (cuda,) = re.findall(r"^CUDA \?= (cu\d+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["images"]["modelServerCuda"]["tagSuffix"] == f"-{cuda}"
+    assert f"{DEFAULT_IMAGE}-{cuda}" == DEFAULT_CUDA_IMAGE
+    for doc in ("Dockerfile", "README.md", "docs/install.md", "docs/operator.md"):
+        named = set(re.findall(r"download\.pytorch\.org/whl/(cu\d+)", (REPO / doc).read_text()))
+        assert named <= {cuda}, f"{doc} names CUDA builds {named}, `make image-cuda` {cuda}"

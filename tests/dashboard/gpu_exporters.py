@@ -10,10 +10,10 @@ in the model server's metric names and labels (docs/architecture.md).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from support.prometheus import static_exporter
 
 RESERVED_PER_ALLOCATED = 2
 
@@ -29,35 +29,9 @@ def exposition(model: str, device: str, allocated: float) -> bytes:
     ).encode()
 
 
-def _handler(body: bytes) -> type[BaseHTTPRequestHandler]:
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # scrapes every second would flood the test output
-
-    return Metrics
-
-
-@contextmanager
-def _exporter(body: bytes) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(body))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 @contextmanager
 def gpu_exporters(model: str, device: str, allocated: Sequence[float]) -> Iterator[list[str]]:
     with ExitStack() as stack:
-        yield [stack.enter_context(_exporter(exposition(model, device, v))) for v in allocated]
+        yield [
+            stack.enter_context(static_exporter(exposition(model, device, v))) for v in allocated
+        ]

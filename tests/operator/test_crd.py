@@ -40,7 +40,11 @@ def test_crd_is_a_valid_kubernetes_object() -> None:
 
 def test_every_spec_field_is_described_and_bounded() -> None:
     for path, sub in fields(SCHEMA["properties"]["spec"], "spec"):
-        assert "type" in sub or sub.get("x-kubernetes-preserve-unknown-fields"), path
+        assert (
+            "type" in sub
+            or sub.get("x-kubernetes-preserve-unknown-fields")
+            or sub.get("x-kubernetes-int-or-string")
+        ), path
         if "tolerations[]" in path or "imagePullSecrets[]" in path or "env[]" in path:
             continue  # core/v1 types copied as they are
         assert sub.get("description"), f"{path} has no description"

@@ -52,7 +52,9 @@ def test_nothing_given_means_the_built_in_defaults() -> None:
 def test_every_setting_parses_from_text() -> None:
     texts = {
         "image": "registry.local:5000/carpool:1",
+        "cuda_image": "registry.local:5000/carpool:1-cu128",
         "sidecar_image": "registry.local:5000/sidecar:1",
+        "runtime_class_name": "nvidia",
         "max_batch_size": "64",
         "max_wait_ms": "0",
         "max_inflight_batches": "4",
@@ -65,7 +67,9 @@ def test_every_setting_parses_from_text() -> None:
     given = {name: Setting(variable(name), text) for name, text in texts.items()}
     assert parse_defaults(given) == Defaults(
         image="registry.local:5000/carpool:1",
+        cuda_image="registry.local:5000/carpool:1-cu128",
         sidecar_image="registry.local:5000/sidecar:1",
+        runtime_class_name="nvidia",
         batching=Batching(
             max_batch_size=64,
             max_wait_ms=0,
@@ -87,6 +91,8 @@ def test_every_setting_parses_from_text() -> None:
         ("timeout_ms", "30s", "must be an integer from 1 to 3600000"),
         ("dispatch", "eager", "must be one of adaptive, fixed"),
         ("image", "Not An Image", "not a valid image reference"),
+        ("cuda_image", "", "not a valid image reference"),
+        ("runtime_class_name", "Nvidia_Runtime", "not a valid RuntimeClass name"),
     ],
 )
 def test_a_bad_value_names_its_source_and_value(name: str, text: str, problem: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.batched_models import condition, model
 from support.kube_api import Kind
 from support.kube_cluster import OPERATOR_AGENT, Cluster
 
@@ -26,24 +27,6 @@ LABELS = {
     "app.kubernetes.io/component": "model",
     "app.kubernetes.io/managed-by": "carpool",
 }
-
-
-def model(name: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": "carpool.dev/v1alpha1",
-        "kind": "BatchedModel",
-        "metadata": {"name": name},
-        "spec": {"model": {"handler": "toy", "device": "cpu"}, "resources": {"cpu": "500m"}},
-    }
-    body["spec"].update(spec)
-    return body
-
-
-def condition(body: dict[str, Any], kind: str) -> dict[str, Any]:
-    for item in body.get("status", {}).get("conditions", []):
-        if item["type"] == kind:
-            return dict(item)
-    return {}
 
 
 def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> bool:

@@ -76,8 +76,31 @@ SPECS: dict[str, dict[str, Any]] = {
     ),
     "autoscaled": model(
         autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 6},
-        monitoring={"podMonitor": True},
+        monitoring={"podMonitor": True, "labels": {"release": "kube-prometheus-stack"}},
         service={"type": "LoadBalancer", "port": 8080},
+    ),
+    "gpu-tuned": model(
+        model={
+            "handler": "text-embedding",
+            "torchThreads": 3,
+            "loadTimeoutSeconds": 1200,
+            "weights": {"storageUri": "hf://sentence-transformers/all-MiniLM-L6-v2"},
+        },
+        resources={"gpu": 1, "cpu": "1500m"},
+        runtimeClassName="nvidia",
+        rollout={"maxSurge": 1, "maxUnavailable": "50%"},
+        shutdown={"drainDelaySeconds": 0},
+    ),
+    "storage": model(
+        model={
+            "handler": "torchscript",
+            "modelPath": "/weights/model.pt",
+            "weights": {
+                "storageUri": "s3://models/m.tar.gz",
+                "secretName": "store",
+                "mountPath": "/weights",
+            },
+        },
     ),
 }
 
@@ -124,6 +147,7 @@ def test_pod_layout_follows_the_architecture() -> None:
         "--model-server", "unix:///run/carpool/model.sock",
         "--host", "0.0.0.0", "--port", "8080",
         "--drain-seconds", "30",
+        "--drain-delay-seconds", "10",
         "--config-file", "/etc/carpool/batching.json",
     ]  # fmt: skip
     assert [port["containerPort"] for port in sidecar["ports"]] == [8080]
@@ -328,3 +352,128 @@ def test_operator_defaults_match_the_crd_defaults() -> None:
     for body in SPECS.values():
         defaulted = apply_defaults(copy.deepcopy(body), SCHEMA)
         assert render(defaulted, podmonitor_api=True) == render(body, podmonitor_api=True)
+
+
+def pod_of(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]
+    return pod
+
+
+def gpu_model(**model_fields: Any) -> dict[str, Any]:
+    return model(model={"handler": "toy", **model_fields}, resources={"gpu": 1})
+
+
+def test_a_gpu_model_gets_the_cuda_image_and_must_find_its_gpu() -> None:
+    defaults = Defaults(image="registry.local/carpool:1", cuda_image="registry.local/carpool:1-cu")
+    gpu = containers(render(gpu_model(), defaults=defaults))
+    assert gpu["model-server"]["image"] == "registry.local/carpool:1-cu"
+    assert "--require-gpu" in gpu["model-server"]["command"]
+    cpu = containers(render(model(), defaults=defaults))
+    assert cpu["model-server"]["image"] == "registry.local/carpool:1"
+    assert "--require-gpu" not in cpu["model-server"]["command"]
+    # A model's own image is what it asked for, GPU or not.
+    own = containers(render(gpu_model(image="team/model:cuda"), defaults=defaults))
+    assert own["model-server"]["image"] == "team/model:cuda"
+
+
+def test_gpu_pods_take_the_operators_runtime_class_unless_they_name_one() -> None:
+    defaults = Defaults(runtime_class_name="nvidia")
+    assert pod_of(render(gpu_model(), defaults=defaults))["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in pod_of(render(model(), defaults=defaults))
+    assert "runtimeClassName" not in pod_of(render(gpu_model()))
+    own = gpu_model()
+    own["spec"]["runtimeClassName"] = "nvidia-cdi"
+    assert pod_of(render(own, defaults=defaults))["runtimeClassName"] == "nvidia-cdi"
+
+
+def test_gpu_rollouts_stop_a_pod_before_starting_one() -> None:
+    def strategy(body: dict[str, Any]) -> Any:
+        return by_kind(render(body))["Deployment"]["spec"].get("strategy")
+
+    assert strategy(gpu_model()) == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert strategy(model()) is None  # Kubernetes' own 25% / 25%
+    tuned = model(rollout={"maxUnavailable": 0})
+    assert strategy(tuned)["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 0}
+    assert strategy(SPECS["gpu-tuned"])["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": "50%"}
+
+
+def test_startup_probe_waits_for_readiness_within_the_load_budget() -> None:
+    server = containers(render(model()))["model-server"]
+    startup = server["startupProbe"]
+    assert startup["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 600
+    assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    slow = containers(render(SPECS["gpu-tuned"]))["model-server"]["startupProbe"]
+    assert slow["periodSeconds"] * slow["failureThreshold"] == 1200
+
+
+def test_pods_keep_serving_while_their_endpoints_go() -> None:
+    manifests = render(model(shutdown={"drainDelaySeconds": 12}))
+    pod, by_name = pod_of(manifests), containers(manifests)
+    sidecar, server = by_name["sidecar"]["command"], by_name["model-server"]["command"]
+    assert _flag(sidecar, "--drain-delay-seconds") == "12"
+    # The model server gets SIGTERM when the sidecar stops accepting, not before.
+    assert by_name["model-server"]["lifecycle"] == {"preStop": {"sleep": {"seconds": 12}}}
+    drain = max(int(_flag(sidecar, "--drain-seconds")), int(_flag(server, "--drain-seconds")))
+    assert pod["terminationGracePeriodSeconds"] > 12 + drain
+
+    immediate = containers(render(SPECS["gpu-tuned"]))
+    assert "lifecycle" not in immediate["model-server"]
+    assert _flag(immediate["sidecar"]["command"], "--drain-delay-seconds") == "0"
+
+
+@pytest.mark.parametrize(
+    ("cpu", "threads"), [("500m", 1), ("1", 1), ("1500m", 1), ("2.5", 2), ("4", 4), ("64", 64)]
+)
+def test_torch_threads_follow_the_whole_cores_of_the_cpu_request(cpu: str, threads: int) -> None:
+    server = containers(render(model(resources={"cpu": cpu})))["model-server"]
+    assert _flag(server["command"], "--torch-threads") == str(threads)
+
+
+def test_torch_threads_can_be_set() -> None:
+    server = containers(render(SPECS["gpu-tuned"]))["model-server"]
+    assert _flag(server["command"], "--torch-threads") == "3"
+
+
+def test_storage_uri_is_fetched_by_an_init_container_with_the_secret() -> None:
+    pod = pod_of(render(SPECS["storage"]))
+    (fetcher,) = pod["initContainers"]
+    assert fetcher["command"] == [
+        "python", "-m", "carpool.storage", "s3://models/m.tar.gz", "/weights",
+        "--credentials", "/var/run/secrets/carpool/weights",
+    ]  # fmt: skip
+    assert fetcher["image"] == pod["containers"][0]["image"]  # one image to pull
+    assert {
+        "name": "weights-credentials",
+        "mountPath": "/var/run/secrets/carpool/weights",
+        "readOnly": True,
+    } in fetcher["volumeMounts"]
+    assert {"name": "weights", "mountPath": "/weights"} in fetcher["volumeMounts"]
+    assert {"name": "weights", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "weights-credentials", "secret": {"secretName": "store"}} in pod["volumes"]
+    # The model server reads the weights but never mounts the credentials.
+    server = pod["containers"][0]
+    assert {"name": "weights", "mountPath": "/weights"} in server["volumeMounts"]
+    assert all(mount["name"] != "weights-credentials" for mount in server["volumeMounts"])
+
+    hub = pod_of(render(SPECS["gpu-tuned"]))["initContainers"][0]
+    assert hub["command"][-2:] == ["hf://sentence-transformers/all-MiniLM-L6-v2", "/models"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "0"} in hub["env"]  # the image is offline
+
+
+def test_pod_monitor_takes_extra_labels_but_keeps_its_own() -> None:
+    labels = {"release": "kube-prometheus-stack", "app.kubernetes.io/managed-by": "someone"}
+    body = model(monitoring={"podMonitor": True, "labels": labels})
+    monitor = by_kind(render(body, podmonitor_api=True))["PodMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "carpool"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_pod_meets_the_restricted_pod_security_standard(name: str) -> None:
+    from chart.pod_security import violations
+
+    assert violations(pod_of(render(SPECS[name]))) == []

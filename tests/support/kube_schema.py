@@ -16,7 +16,11 @@ from typing import Any
 
 
 def _exactly_one(node: Any) -> bool:
-    return sum(key in node for key in ("image", "pvc", "uri")) == 1
+    return sum(key in node for key in ("image", "pvc", "uri", "storageUri")) == 1
+
+
+def _storage_options_need_storage(node: Any) -> bool:
+    return "storageUri" in node or not ({"secretName", "mountPath"} & set(node))
 
 
 def _min_not_over_max(node: Any) -> bool:
@@ -24,7 +28,11 @@ def _min_not_over_max(node: Any) -> bool:
 
 
 CEL_RULES: dict[str, Callable[[Any], bool]] = {
-    "[has(self.image), has(self.pvc), has(self.uri)].filter(x, x).size() == 1": _exactly_one,
+    "[has(self.image), has(self.pvc), has(self.uri), has(self.storageUri)]"
+    ".filter(x, x).size() == 1": _exactly_one,
+    "(has(self.secretName) || has(self.mountPath)) ? has(self.storageUri) : true": (
+        _storage_options_need_storage
+    ),
     "self.minReplicas <= self.maxReplicas": _min_not_over_max,
 }
 

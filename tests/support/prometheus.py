@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -21,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +94,12 @@ class Prometheus:
         raise AssertionError(f"Prometheus targets not up after {timeout_s}s: {self.targets()}")
 
 
-def _config(jobs: Mapping[str, Sequence[str]], scrape_interval_s: float) -> str:
-    """prometheus.yml as JSON (a subset of YAML): one static job per name."""
+def _config(
+    jobs: Mapping[str, Sequence[str]],
+    scrape_interval_s: float,
+    labels: Mapping[str, Mapping[str, str]],
+) -> str:
+    """prometheus.yml as JSON (a subset of YAML): one static job per name, with its labels."""
     interval = f"{int(scrape_interval_s * 1000)}ms"
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
@@ -102,7 +108,9 @@ def _config(jobs: Mapping[str, Sequence[str]], scrape_interval_s: float) -> str:
                 "job_name": name,
                 "scrape_interval": interval,
                 "scrape_timeout": interval,
-                "static_configs": [{"targets": list(targets)}],
+                "static_configs": [
+                    {"targets": list(targets), "labels": dict(labels.get(name, {}))}
+                ],
             }
             for name, targets in jobs.items()
         ],
@@ -116,11 +124,13 @@ def run_prometheus(
     jobs: Mapping[str, Sequence[str]],
     scrape_interval_s: float = 1.0,
     timeout_s: float = 30.0,
+    labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Iterator[Prometheus]:
+    """`labels`: target labels per job, as Kubernetes discovery adds namespace and pod."""
     folder = tmp_path / "prometheus"
     folder.mkdir()
     config = folder / "prometheus.yml"
-    config.write_text(_config(jobs, scrape_interval_s))
+    config.write_text(_config(jobs, scrape_interval_s, labels or {}))
     port = free_port()
     args = [
         str(PROMETHEUS),
@@ -152,3 +162,32 @@ def _wait_ready(prometheus: Prometheus, timeout_s: float) -> None:
 
 def _stop(prometheus: Prometheus, timeout_s: float = 10.0) -> None:
     processes.stop(prometheus.process, timeout_s)
+
+
+def _handler(body: bytes) -> type[BaseHTTPRequestHandler]:
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # scrapes every second would flood the test output
+
+    return Metrics
+
+
+@contextmanager
+def static_exporter(body: bytes) -> Iterator[str]:
+    """A `/metrics` endpoint on 127.0.0.1 serving the exposition text `body`; yields host:port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(body))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -71,11 +71,12 @@ The ServiceAccount the operator runs as.
 
 {{/*
 An image reference from a map with repository, tag and digest; the tag defaults to the
-chart's appVersion, and a digest, when set, pins the image instead of the tag.
+chart's appVersion (plus the map's tagSuffix, if any), and a digest, when set, pins the image
+instead of the tag.
 Usage: include "carpool.image" (dict "image" .Values.images.operator "root" .)
 */}}
 {{- define "carpool.image" -}}
-{{- $tag := default .root.Chart.AppVersion .image.tag }}
+{{- $tag := default (printf "%s%s" .root.Chart.AppVersion (default "" .image.tagSuffix)) .image.tag }}
 {{- if .image.digest }}
 {{- printf "%s@%s" .image.repository .image.digest }}
 {{- else }}
@@ -89,4 +90,12 @@ the release namespace.
 */}}
 {{- define "carpool.dashboardNamespace" -}}
 {{- default .Release.Namespace .Values.dashboard.namespace }}
+{{- end }}
+
+{{/*
+The name of the prometheus-adapter rules ConfigMap, which users pass to the adapter as
+rules.existing: the full name, shortened so that the suffix fits in 63 characters.
+*/}}
+{{- define "carpool.adapterRulesName" -}}
+{{- printf "%s-adapter-rules" (include "carpool.fullname" . | trunc 49 | trimSuffix "-") }}
 {{- end }}

@@ -1,0 +1,58 @@
+"""The chart's prometheus-adapter rule, evaluated as the adapter does for an HPA, on a real
+Prometheus scraping the sidecar's own metrics."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import yaml
+from chart.rendering import by_kind, render
+from prometheus_client import CollectorRegistry, generate_latest
+from support.prometheus import run_prometheus, static_exporter
+
+from carpool.sidecar.metrics import SidecarMetrics
+
+# (namespace, pod) -> items queued in that pod's sidecar
+QUEUES = {("ml", "m-7d9f-a"): 6, ("ml", "m-7d9f-b"): 2, ("other", "m-5c2e-a"): 50}
+
+
+def sidecar_metrics(queued: int) -> bytes:
+    """A sidecar's metrics, `queued` items waiting, as its /metrics would serve them."""
+    registry = CollectorRegistry()
+    SidecarMetrics(registry, model="m").queue_items.set(queued)
+    return generate_latest(registry)
+
+
+def adapter_rule() -> dict[str, Any]:
+    manifests = render(sets=("customMetrics.adapterRules.enabled=true",))
+    (rules,) = [m for m in by_kind(manifests, "ConfigMap") if "config.yaml" in m["data"]]
+    (rule,) = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+    return dict(rule)
+
+
+def test_the_rule_gives_each_pod_its_queue(tmp_path: Path) -> None:
+    rule = adapter_rule()
+    with ExitStack() as stack:
+        jobs, labels = {}, {}
+        for (namespace, pod), queued in QUEUES.items():
+            jobs[pod] = [stack.enter_context(static_exporter(sidecar_metrics(queued)))]
+            # What the PodMonitor's scrape adds to every series of a pod.
+            labels[pod] = {"namespace": namespace, "pod": pod}
+        prometheus = stack.enter_context(run_prometheus(tmp_path, jobs, labels=labels))
+        prometheus.wait_for_targets()
+
+        # Discovery: the adapter lists the series its seriesQuery matches.
+        series = prometheus.api("series", {"match[]": rule["seriesQuery"]})
+        assert {(s["namespace"], s["pod"]) for s in series} == set(QUEUES)
+
+        # The HPA of the model in `ml` asks for its pods: the adapter fills the template so.
+        query = (
+            rule["metricsQuery"]
+            .replace("<<.Series>>", rule["name"]["as"])
+            .replace("<<.LabelMatchers>>", 'namespace="ml",pod=~"m-7d9f-a|m-7d9f-b"')
+            .replace("<<.GroupBy>>", "pod")
+        )
+        found = {s["metric"]["pod"]: float(s["value"][1]) for s in prometheus.query(query)}
+        assert found == {"m-7d9f-a": 6.0, "m-7d9f-b": 2.0}
