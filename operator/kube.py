@@ -1,7 +1,8 @@
 """A small Kubernetes REST client for the children the operator owns.
 
-kopf watches and patches BatchedModels itself; this client creates, patches and deletes the
-children with the same credentials kopf logged in with (see `handlers.login`).
+kopf watches and patches BatchedModels itself; this client applies (server-side), reads and
+deletes the children with the same credentials kopf logged in with (see `handlers.login`).
+docs/operator.md says why this is not the `kubernetes` package's client.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from carpool.operator.types import Manifest
 
 USER_AGENT = "carpool-operator/0.1.0"
 MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+# The field manager of every server-side apply: carpool owns exactly the fields it renders.
+FIELD_MANAGER = "carpool"
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,13 @@ class KubeClient:
         return self._session, self._info
 
     async def _request(
-        self, method: str, path: str, *, body: Manifest | None = None, content_type: str = ""
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Manifest | None = None,
+        content_type: str = "",
+        params: dict[str, str] | None = None,
     ) -> Any:
         session, info = self._client()
         # Credentials per request: kopf may log in again (a refreshed token) at any time.
@@ -110,7 +120,9 @@ class KubeClient:
             headers["Content-Type"] = content_type
         url = info.server.rstrip("/") + path
         try:
-            async with session.request(method, url, json=body, headers=headers) as response:
+            async with session.request(
+                method, url, json=body, headers=headers, params=params
+            ) as response:
                 payload = await response.json(content_type=None)
                 if response.status >= 400:
                     reason = message = ""
@@ -135,10 +147,17 @@ class KubeClient:
         if self._on_write is not None:
             self._on_write(kind)
 
-    async def create(self, manifest: Manifest) -> None:
-        resource = RESOURCES[manifest["kind"]]
-        await self._request("POST", resource.path(manifest["metadata"]["namespace"]), body=manifest)
-        self._wrote(manifest["kind"])
+    async def apply(self, manifest: Manifest) -> None:
+        """Server-side apply, forced: the child ends up with exactly the fields carpool renders.
+
+        Fields carpool applied before and no longer renders are removed; fields other managers
+        own (an HPA's replicas, an injected container) are left alone.
+        """
+        kind, metadata = manifest["kind"], manifest["metadata"]
+        path = RESOURCES[kind].path(metadata["namespace"], metadata["name"])
+        params = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        await self._request("PATCH", path, body=manifest, content_type=APPLY_PATCH, params=params)
+        self._wrote(kind)
 
     async def merge_patch(
         self, kind: str, namespace: str, name: str, patch: Manifest, *, subresource: str = ""

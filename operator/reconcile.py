@@ -13,7 +13,7 @@ from typing import Any, cast
 import kopf
 
 from carpool.operator.defaults import Defaults
-from carpool.operator.diff import contains
+from carpool.operator.diff import up_to_date, with_digest
 from carpool.operator.kube import RESOURCES, ApiError, KubeClient
 from carpool.operator.metrics import OperatorMetrics
 from carpool.operator.render import render_spec, service_url
@@ -56,17 +56,18 @@ def _retry(error: ApiError) -> kopf.TemporaryError:
     return kopf.TemporaryError(f"API server: {error}", delay=delay)
 
 
-async def _apply(kube: KubeClient, owner: Manifest, manifest: Manifest, uid: str) -> None:
+async def _apply(kube: KubeClient, owner: Manifest, rendered: Manifest, uid: str) -> None:
+    manifest = with_digest(rendered)
     kind, metadata = manifest["kind"], manifest["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
     actual = await kube.get(kind, namespace, name)
     if actual is None:
-        await kube.create(manifest)
+        await kube.apply(manifest)
         _event(owner, "ChildCreated", f"created {kind} {name}")
     elif not _owned_by(actual, uid):
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
-    elif not contains(actual, manifest):
-        await kube.merge_patch(kind, namespace, name, manifest)
+    elif not up_to_date(actual, manifest):
+        await kube.apply(manifest)
         _event(owner, "ChildUpdated", f"updated {kind} {name}")
 
 

@@ -233,6 +233,11 @@ def _pod_spec(spec: ModelSpec) -> Manifest:
         },
         # The pods serve a model; they never talk to the Kubernetes API.
         "automountServiceAccountToken": False,
+        # Rendered although false is the default: carpool then owns them, so a hand edit that
+        # turns one on is put back (server-side apply leaves fields no one applied alone).
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "containers": [_model_server(spec), _sidecar(spec)],
         "volumes": _volumes(spec),
