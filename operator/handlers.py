@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -12,6 +14,7 @@ from carpool.operator.kube import KubeClient
 from carpool.operator.metrics import OperatorMetrics
 from carpool.operator.reconcile import Runtime, reconcile
 from carpool.operator.render import GROUP, KIND, MANAGED_BY, VERSION
+from carpool.operator.resync import resync_forever
 
 PLURAL = "batchedmodels"
 DOMAIN = "carpool.dev"
@@ -26,7 +29,7 @@ def _runtime(memo: Any) -> Runtime:
     return runtime
 
 
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every operator setting, in one place."""
     settings.persistence.finalizer = f"{DOMAIN}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
@@ -44,7 +47,17 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # main() parsed and checked the defaults, and owns the metrics (their server outlives kopf).
     defaults, metrics = memo["defaults"], memo["metrics"]
     assert isinstance(defaults, Defaults) and isinstance(metrics, OperatorMetrics)
-    memo["runtime"] = Runtime(defaults, metrics, KubeClient(on_write=metrics.wrote))
+    runtime = Runtime(defaults, metrics, KubeClient(on_write=metrics.wrote))
+    memo["runtime"] = runtime
+    logger = logging.getLogger("carpool.operator")
+
+    async def resync(namespace: str, name: str) -> None:
+        await reconcile(runtime, namespace, name, logger)
+
+    # Owned by the runtime: `cleanup` cancels and awaits it.
+    runtime.resync = asyncio.create_task(
+        resync_forever(runtime.kube, memo["namespaces"], memo["resync_seconds"], resync)
+    )
 
 
 def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
@@ -59,14 +72,19 @@ def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.Co
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    await _runtime(memo).kube.close()
+    runtime = _runtime(memo)
+    if runtime.resync is not None:
+        runtime.resync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runtime.resync
+    await runtime.kube.close()
 
 
 # kopf declares `memo` as Any in its handler protocols; _runtime() narrows it.
 async def on_model(
     name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Create, update, resume and the periodic resync all converge the same way."""
+    """Create, update and resume converge the same way (and so does the resync loop)."""
     await reconcile(_runtime(memo), namespace or "default", name, logger)
 
 
@@ -90,16 +108,13 @@ async def on_child(
             await reconcile(_runtime(memo), namespace or "default", owner["name"], logger)
 
 
-def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.startup(registry=registry)(configure)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="create")(on_model)
     kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="update")(on_model)
     kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="resume")(on_model)
-    kopf.timer(GROUP, VERSION, PLURAL, registry=registry, id="resync", interval=resync_seconds)(
-        on_model
-    )
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="forget")(on_model_event)
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_child)

@@ -7,6 +7,10 @@ docs/operator.md says why this is not the `kubernetes` package's client.
 
 from __future__ import annotations
 
+import datetime
+import fnmatch
+import logging
+import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +48,9 @@ class Resource:
         return path
 
 
+log = logging.getLogger("carpool.operator.kube")
+_PLAIN_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
 # Every kind the operator writes, by kind (RBAC in docs/operator.md lists the same).
 RESOURCES: dict[str, Resource] = {
     "ConfigMap": Resource("", "v1", "configmaps"),
@@ -53,7 +60,18 @@ RESOURCES: dict[str, Resource] = {
     "HorizontalPodAutoscaler": Resource("autoscaling", "v2", "horizontalpodautoscalers"),
     "PodMonitor": Resource("monitoring.coreos.com", "v1", "podmonitors"),
     "BatchedModel": Resource("carpool.dev", "v1alpha1", "batchedmodels"),
+    "Event": Resource("", "v1", "events"),
 }
+REPORTING_COMPONENT = "carpool-operator"
+
+
+def _matches(namespace: str, patterns: tuple[str, ...]) -> bool:
+    """kopf's namespace patterns: globs, `!glob` to exclude (only exclusions: all else)."""
+    excluded = [p[1:] for p in patterns if p.startswith("!")]
+    included = [p for p in patterns if not p.startswith("!")] or ["*"]
+    return any(fnmatch.fnmatchcase(namespace, p) for p in included) and not any(
+        fnmatch.fnmatchcase(namespace, p) for p in excluded
+    )
 
 
 class ApiError(Exception):
@@ -174,6 +192,68 @@ class KubeClient:
                 raise
             return
         self._wrote(kind)
+
+    async def post_event(
+        self, about: Manifest, reason: str, message: str, *, warning: bool
+    ) -> None:
+        """A core/v1 Event on `about`, for `kubectl describe`; a failure is only logged.
+
+        Posted here rather than with kopf.info/warn: kopf can post only from inside its own
+        handlers, and the resync loop is not one.
+        """
+        metadata = about["metadata"]
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "generateName": f"{metadata['name']}.",
+                "namespace": metadata["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": about["apiVersion"],
+                "kind": about["kind"],
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "uid": metadata.get("uid", ""),
+            },
+            "type": "Warning" if warning else "Normal",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": REPORTING_COMPONENT},
+            "reportingComponent": REPORTING_COMPONENT,
+            "reportingInstance": REPORTING_COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        path = RESOURCES["Event"].path(metadata["namespace"])
+        try:
+            await self._request("POST", path, body=event)
+        except ApiError as error:  # events help humans; their loss must not stop a reconcile
+            log.warning(f"cannot post event {reason} on {metadata['name']}: {error}")
+
+    async def list_models(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(namespace, name) of every BatchedModel in `namespaces`, or everywhere if none.
+
+        Plain names are listed one by one (a namespaced operator may list only those); kopf's
+        patterns (`team-*`, `!kube-*`) are matched here against a cluster-wide list.
+        """
+        resource = RESOURCES["BatchedModel"]
+        plain = all(_PLAIN_NAMESPACE.match(namespace) for namespace in namespaces)
+        if namespaces and plain:
+            paths = [resource.path(namespace) for namespace in namespaces]
+        else:
+            paths = [f"/apis/{resource.group}/{resource.version}/{resource.plural}"]
+        found: list[tuple[str, str]] = []
+        for path in paths:
+            listing = await self._request("GET", path)
+            for item in listing.get("items", []):
+                metadata = item.get("metadata", {})
+                namespace = str(metadata.get("namespace", ""))
+                if plain or _matches(namespace, namespaces):
+                    found.append((namespace, str(metadata.get("name", ""))))
+        return found
 
     async def serves(self, resource: Resource) -> bool:
         """Whether the cluster serves this resource's group and version (discovery)."""

@@ -8,7 +8,7 @@ import datetime
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
@@ -37,17 +37,13 @@ class Runtime:
     locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
+    # The periodic resync (see resync.py), started at start-up, cancelled at cleanup.
+    resync: asyncio.Task[None] | None = None
 
 
 def _owned_by(child: Mapping[str, Any], uid: str) -> bool:
     refs = child.get("metadata", {}).get("ownerReferences", [])
     return any(ref.get("uid") == uid for ref in refs)
-
-
-def _event(body: Manifest, reason: str, message: str, *, warning: bool = False) -> None:
-    """A Kubernetes event on the BatchedModel, for `kubectl describe`."""
-    post = kopf.warn if warning else kopf.info
-    post(kopf.Body(cast(kopf.RawBody, body)), reason=reason, message=message)
 
 
 def _retry(error: ApiError) -> kopf.TemporaryError:
@@ -63,12 +59,12 @@ async def _apply(kube: KubeClient, owner: Manifest, rendered: Manifest, uid: str
     actual = await kube.get(kind, namespace, name)
     if actual is None:
         await kube.apply(manifest)
-        _event(owner, "ChildCreated", f"created {kind} {name}")
+        await kube.post_event(owner, "ChildCreated", f"created {kind} {name}", warning=False)
     elif not _owned_by(actual, uid):
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
     elif not up_to_date(actual, manifest):
         await kube.apply(manifest)
-        _event(owner, "ChildUpdated", f"updated {kind} {name}")
+        await kube.post_event(owner, "ChildUpdated", f"updated {kind} {name}", warning=False)
 
 
 async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
@@ -78,7 +74,8 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
         actual = await kube.get(kind, spec.namespace, spec.name)
         if actual is not None and _owned_by(actual, spec.uid):
             await kube.delete(kind, spec.namespace, spec.name)
-            _event(owner, "ChildDeleted", f"deleted {kind} {spec.name}")
+            message = f"deleted {kind} {spec.name}"
+            await kube.post_event(owner, "ChildDeleted", message, warning=False)
 
 
 async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
@@ -138,7 +135,7 @@ async def _status(
             f"operator's default) exceeds spec.model.maxBatchSize {limit}: the sidecars send "
             f"batches of at most {limit}"
         )
-        _event(body, "BatchSizeClamped", message, warning=True)
+        await kube.post_event(body, "BatchSizeClamped", message, warning=True)
     had = {item.get("type") for item in current.get("conditions", [])}
     for condition in flipped:
         if condition.type == "Degraded" and condition.type not in had and not condition.status:
@@ -146,7 +143,7 @@ async def _status(
         unwelcome = condition.status == (condition.type == "Degraded")
         message = f"{condition.type}: {condition.message}"
         warning = unwelcome and condition.type != "Progressing"
-        _event(body, condition.reason, message, warning=warning)
+        await kube.post_event(body, condition.reason, message, warning=warning)
     return observation
 
 

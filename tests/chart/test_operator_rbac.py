@@ -66,6 +66,9 @@ def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permiss
             # The log keeps no query string: kopf lists each collection, then watches it.
             collection = ["list", "watch"] if record.agent.startswith(kopf_agent) else ["list"]
             needed = ["get"] if target.name else collection
+        elif record.content_type.startswith("application/apply-patch"):
+            # A server-side apply that creates its object is authorized as create too.
+            needed = ["patch", "create"]
         else:
             needed = verbs[record.method]
         used |= {(target.group, resource, verb) for verb in needed}

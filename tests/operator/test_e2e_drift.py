@@ -114,6 +114,7 @@ def test_fields_of_other_managers_are_left_alone(cluster: Cluster) -> None:
     cluster.wait_for_object("deployment", "e2e-shared", repaired)
     if cluster.api is not None:
         # Repaired once, then quiet: the proxy is no drift.
+        wait_resyncs(cluster, "e2e-shared", count=1)
         writes = cluster.api.write_count(agent=OPERATOR_AGENT)
         wait_resyncs(cluster, "e2e-shared", count=3)
         assert cluster.api.write_count(agent=OPERATOR_AGENT) == writes
