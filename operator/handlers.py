@@ -20,7 +20,15 @@ PLURAL = "batchedmodels"
 DOMAIN = "carpool.dev"
 # Children the operator watches so that deleting or hand-editing one is repaired at once.
 WATCHED_CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"))
+# The models' pods, watched so that their failures reach the status within seconds.
+PODS = ("", "v1", "pods")
 CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+
+
+def _carpool_labelled(resource: kopf.Resource) -> bool:
+    """The kinds whose watches only carpool's objects need: the children and the pods."""
+    return (resource.group, resource.version, resource.plural) in (*WATCHED_CHILDREN, PODS)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -41,6 +49,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     # Reconnect watches now and then, so that a silently dropped connection heals.
+    # The API server filters these watches by label: a cluster-wide operator then receives
+    # carpool's ConfigMaps, Services, Deployments and pods only, not every one in the cluster.
+    selector = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
+    settings.watching.label_selectors[_carpool_labelled] = selector
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
@@ -108,6 +120,15 @@ async def on_child(
             await reconcile(_runtime(memo), namespace or "default", owner["name"], logger)
 
 
+async def on_pod(
+    labels: kopf.Labels, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
+) -> None:
+    """A pod of a model changed: its failures (or recovery) go to the model's status."""
+    name = labels.get(INSTANCE_LABEL)
+    if name:
+        await reconcile(_runtime(memo), namespace or "default", name, logger)
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.startup(registry=registry)(configure)
     kopf.on.login(registry=registry)(login)
@@ -118,3 +139,5 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="forget")(on_model_event)
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_child)
+    group, version, plural = PODS
+    kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_pod)

@@ -16,7 +16,9 @@ from carpool.operator.defaults import Defaults
 from carpool.operator.diff import up_to_date, with_digest
 from carpool.operator.kube import RESOURCES, ApiError, KubeClient
 from carpool.operator.metrics import OperatorMetrics
-from carpool.operator.render import render_spec, service_url
+from carpool.operator.pods import pod_problem
+from carpool.operator.references import check_references
+from carpool.operator.render import render_spec, selector_for, service_url
 from carpool.operator.spec import ModelSpec, SpecError, parse
 from carpool.operator.status import Observation, desired_status, merge_conditions, observe
 from carpool.operator.types import Manifest
@@ -79,6 +81,7 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
 
 
 async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
+    await check_references(kube, spec)
     podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
     for manifest in manifests:
@@ -109,7 +112,12 @@ async def _status(
     deployment = await kube.get("Deployment", namespace, name)
     if deployment is not None and not _owned_by(deployment, metadata.get("uid", "")):
         deployment = None
-    observation = observe(deployment, error)
+    problem = None
+    if deployment is not None:
+        problem = pod_problem(await kube.select("Pod", namespace, selector_for(name)))
+    scaling = applied.autoscaling if applied is not None else None
+    fewest = scaling.min_replicas if scaling is not None and scaling.enabled else None
+    observation = observe(deployment, error, pods=problem, fewest=fewest)
     current = body.get("status", {})
     conditions, flipped = merge_conditions(
         current.get("conditions", []),

@@ -45,8 +45,13 @@ _CONTAINER_SECURITY: Manifest = {
 }
 
 
+def selector_for(name: str) -> dict[str, str]:
+    """The labels that select the pods of the BatchedModel `name`."""
+    return {"app.kubernetes.io/name": "batchedmodel", "app.kubernetes.io/instance": name}
+
+
 def selector_labels(spec: ModelSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "batchedmodel", "app.kubernetes.io/instance": spec.name}
+    return selector_for(spec.name)
 
 
 def labels(spec: ModelSpec) -> dict[str, str]:

@@ -10,9 +10,9 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from support.kube_schema import apply_defaults, validate
 
 from carpool.operator.batching import DISPATCH_MODES, KNOBS, Batching
+from carpool.operator.schema import apply_defaults, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "batchedmodels.carpool.dev.yaml").read_text())

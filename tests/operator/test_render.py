@@ -10,11 +10,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from support.kube_schema import apply_defaults
 
 from carpool.operator.batching import KNOBS, Batching
 from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
+from carpool.operator.schema import apply_defaults
 from carpool.operator.spec import MODEL_MAX_BATCH_SIZE, SpecError
 from carpool.sidecar.config import BatchingSettings, apply_file
 

@@ -33,7 +33,7 @@ from support import kube_apply
 from support import kube_protobuf as protobuf
 from support.kube_defaults import apply_builtin_defaults
 from support.kube_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from support.kube_schema import Cause, apply_defaults, prune, validate
+from carpool.operator.schema import Cause, apply_defaults, prune, validate
 from support.kube_tables import table
 
 Json = dict[str, Any]
@@ -281,7 +281,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
     cascading, background-style); discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
-    schema including known CEL rules (see kube_schema); a few API-server defaults of Deployments
+    schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of Deployments
     and Services (see kube_defaults), so that clients can prove they compare only their own
     fields; server-side Tables for `kubectl get`, with a CRD's printer columns; `dryRun`; and a
     log of requests (`records`, `write_count`); injected errors (`fail`); protobuf request
