@@ -80,13 +80,13 @@ def command(**options: str | None) -> None:
     try:
         config = config_module.parse(options)
     except ConfigError as error:
-        # A handler that does not import is found here; the pod's status should say so too.
-        _tell_kubernetes(f"{LOAD_FAILED}{error}")
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         code = asyncio.run(serve(config))
     except ConfigError as error:
+        # A handler that does not import is found here; the pod's status should say so too.
+        _tell_kubernetes(f"{LOAD_FAILED}{error}")
         raise click.UsageError(str(error)) from error
     sys.exit(code)
 
