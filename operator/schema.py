@@ -191,3 +191,16 @@ def validate(node: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
                 where = ".".join(p for p in (path, rule.get("fieldPath", "").lstrip(".")) if p)
                 causes.append(Cause(where or "<nil>", f"Invalid value: {_quote(node)}: {message}"))
     return causes
+
+
+def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Cause]]:
+    """A BatchedModel as the API server would store it, and why it would refuse it.
+
+    Defaulted, and checked as under `fieldValidation=Strict` (kubectl's default): an unknown
+    field is a problem too.
+    """
+    schema = model_schema()
+    admitted = apply_defaults(copy.deepcopy(body), schema)
+    unknown = prune(admitted, schema)
+    causes = [Cause(path, "field not declared in schema", "FieldValueInvalid") for path in unknown]
+    return admitted, causes + validate(admitted, schema)
