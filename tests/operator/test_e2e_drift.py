@@ -8,8 +8,10 @@ HPA's replicas, a mesh's injected container) stays theirs.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
+import pytest
 from support.kube_cluster import OPERATOR_AGENT, Cluster
 from support.kube_models import applied, model, wait_resyncs
 
@@ -118,3 +120,25 @@ def test_fields_of_other_managers_are_left_alone(cluster: Cluster) -> None:
         writes = cluster.api.write_count(agent=OPERATOR_AGENT)
         wait_resyncs(cluster, "e2e-shared", count=3)
         assert cluster.api.write_count(agent=OPERATOR_AGENT) == writes
+
+
+def test_child_and_pod_watches_are_filtered_by_the_server(cluster: Cluster) -> None:
+    if cluster.api is None:
+        pytest.skip("a real API server does not show who asked for what")
+    applied(cluster, model("e2e-watched"))
+    cluster.kubectl("create", "configmap", "someone-elses", "--from-literal=a=b")
+    collections = {"configmaps", "services", "deployments", "pods"}
+    asked = [
+        record
+        for record in cluster.api.records
+        if record.method == "GET"
+        and record.path.rsplit("/", 1)[-1] in collections
+        and not record.agent.startswith("kubectl")
+    ]
+    assert {record.path.rsplit("/", 1)[-1] for record in asked} == collections
+    # Every list and watch names a label selector: nothing else is sent to the operator.
+    for record in asked:
+        selector = urllib.parse.parse_qs(record.query).get("labelSelector", [""])[0]
+        wanted = "app.kubernetes.io/managed-by=carpool"
+        mine = "app.kubernetes.io/instance=e2e-watched"
+        assert wanted in selector.split(",") or mine in selector.split(","), record

@@ -29,11 +29,11 @@ import kmock
 import yaml
 from aiohttp import web
 
+from carpool.operator.schema import Cause, apply_defaults, prune, validate
 from support import kube_apply
 from support import kube_protobuf as protobuf
 from support.kube_defaults import apply_builtin_defaults
 from support.kube_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from carpool.operator.schema import Cause, apply_defaults, prune, validate
 from support.kube_tables import table
 
 Json = dict[str, Any]
@@ -252,6 +252,7 @@ class Record:
     path: str
     agent: str
     content_type: str
+    query: str = ""
 
 
 @dataclass
@@ -281,9 +282,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
     cascading, background-style); discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
-    schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of Deployments
-    and Services (see kube_defaults), so that clients can prove they compare only their own
-    fields; server-side Tables for `kubectl get`, with a CRD's printer columns; `dryRun`; and a
+    schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of
+    Deployments and Services (see kube_defaults), so that clients can prove they compare only
+    their own fields; server-side Tables for `kubectl get`, with a CRD's printer columns; `dryRun`; and a
     log of requests (`records`, `write_count`); injected errors (`fail`); protobuf request
     bodies of Secrets and ConfigMaps (helm's release storage; see kube_protobuf).
 
@@ -297,8 +298,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     to its compiled-in types; no other protobuf, no aggregated discovery (clients fall back to the
     legacy documents), no deletecollection, no `/scale` subresource (`kubectl scale` fails;
     patch spec.replicas instead), no watch bookmarks, no 410 Gone (the whole history is
-    kept); Tables of
-    built-in kinds show only Name and Age.
+    kept); Tables of built-in kinds show only Name and Age; a metadata-only GET
+    (`as=PartialObjectMetadata`) gets the whole object.
     """
 
     kinds: dict[KindKey, Kind] = attrs.field(init=False, factory=dict)
@@ -373,6 +374,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 request.url.path,
                 headers.get("user-agent", ""),
                 headers.get("content-type", ""),
+                request.url.query_string,
             )
         )
         try:
