@@ -284,9 +284,10 @@ class KubeApiServer(kmock.KubernetesEmulator):
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
     schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of
     Deployments and Services (see kube_defaults), so that clients can prove they compare only
-    their own fields; server-side Tables for `kubectl get`, with a CRD's printer columns; `dryRun`; and a
-    log of requests (`records`, `write_count`); injected errors (`fail`); protobuf request
-    bodies of Secrets and ConfigMaps (helm's release storage; see kube_protobuf).
+    their own fields; server-side Tables for `kubectl get`, with a CRD's printer columns;
+    `dryRun`; and a log of requests (`records`, `write_count`); injected errors (`fail`);
+    protobuf request bodies of Secrets and ConfigMaps (helm's release storage; see
+    kube_protobuf).
 
     Still unlike a real API server: no authentication, authorization, admission webhooks,
     quotas or namespace lifecycle (objects may land in namespaces that do not exist); no
