@@ -27,6 +27,7 @@ RUN /opt/carpool/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VE
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY carpool ./carpool
+COPY crds ./crds
 COPY operator ./operator
 COPY sidecar ./sidecar
 COPY model_server ./model_server

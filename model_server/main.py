@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("carpool.model_server")
 # How long SIGTERM waits for batches in flight before closing their connections.
 SHUTDOWN_TIMEOUT_S = 30.0
+# On a failed load the server says why here, where Kubernetes reads a container's termination
+# message (its default terminationMessagePath); the operator reports it as ModelLoadFailed.
+TERMINATION_LOG = Path("/dev/termination-log")
+LOAD_FAILED = "model load failed: "
 # After SIGTERM the server keeps answering until no batch has come for this long: in a pod the
 # sidecar gets the same SIGTERM and drains its queue through us, so we must outlive it.
 DRAIN_IDLE_S = 1.0
@@ -124,6 +128,8 @@ def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
     try:
         code = asyncio.run(serve(config))
     except ConfigError as error:
+        # A handler that does not import is found here; the pod's status should say so too.
+        _tell_kubernetes(f"{LOAD_FAILED}{error}")
         raise click.UsageError(str(error)) from error
     sys.exit(code)
 
@@ -153,8 +159,9 @@ async def serve(config: Config) -> int:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
-    if loading.done() and loading.exception() is not None:
-        log.error("model failed to load", exc_info=loading.exception())
+    if loading.done() and (failure := loading.exception()) is not None:
+        log.error("model failed to load", exc_info=failure)
+        _tell_kubernetes(f"{LOAD_FAILED}{type(failure).__name__}: {failure}")
         code = 1
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
@@ -170,6 +177,13 @@ async def serve(config: Config) -> int:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await loading
     return code
+
+
+def _tell_kubernetes(message: str) -> None:
+    """Write the termination message, in a pod only: elsewhere the file does not exist."""
+    if TERMINATION_LOG.is_file():
+        with contextlib.suppress(OSError):
+            TERMINATION_LOG.write_text(message[:4096])  # the kubelet keeps at most 4096 bytes
 
 
 async def _drain(service: ModelService, limit_s: float) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -12,12 +14,21 @@ from carpool.operator.kube import KubeClient
 from carpool.operator.metrics import OperatorMetrics
 from carpool.operator.reconcile import Runtime, reconcile
 from carpool.operator.render import GROUP, KIND, MANAGED_BY, VERSION
+from carpool.operator.resync import resync_forever
 
 PLURAL = "batchedmodels"
 DOMAIN = "carpool.dev"
 # Children the operator watches so that deleting or hand-editing one is repaired at once.
 WATCHED_CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"))
+# The models' pods, watched so that their failures reach the status within seconds.
+PODS = ("", "v1", "pods")
 CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+
+
+def _carpool_labelled(resource: kopf.Resource) -> bool:
+    """The kinds whose watches only carpool's objects need: the children and the pods."""
+    return (resource.group, resource.version, resource.plural) in (*WATCHED_CHILDREN, PODS)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -26,7 +37,7 @@ def _runtime(memo: Any) -> Runtime:
     return runtime
 
 
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every operator setting, in one place."""
     settings.persistence.finalizer = f"{DOMAIN}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=DOMAIN)
@@ -38,13 +49,27 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
     # Reconnect watches now and then, so that a silently dropped connection heals.
+    # The API server filters these watches by label: a cluster-wide operator then receives
+    # carpool's ConfigMaps, Services, Deployments and pods only, not every one in the cluster.
+    selector = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
+    settings.watching.label_selectors[_carpool_labelled] = selector
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     # main() parsed and checked the defaults, and owns the metrics (their server outlives kopf).
     defaults, metrics = memo["defaults"], memo["metrics"]
     assert isinstance(defaults, Defaults) and isinstance(metrics, OperatorMetrics)
-    memo["runtime"] = Runtime(defaults, metrics, KubeClient(on_write=metrics.wrote))
+    runtime = Runtime(defaults, metrics, KubeClient(on_write=metrics.wrote))
+    memo["runtime"] = runtime
+    logger = logging.getLogger("carpool.operator")
+
+    async def resync(namespace: str, name: str) -> None:
+        await reconcile(runtime, namespace, name, logger)
+
+    # Owned by the runtime: `cleanup` cancels and awaits it.
+    runtime.resync = asyncio.create_task(
+        resync_forever(runtime.kube, memo["namespaces"], memo["resync_seconds"], resync)
+    )
 
 
 def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
@@ -59,14 +84,19 @@ def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.Co
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    await _runtime(memo).kube.close()
+    runtime = _runtime(memo)
+    if runtime.resync is not None:
+        runtime.resync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runtime.resync
+    await runtime.kube.close()
 
 
 # kopf declares `memo` as Any in its handler protocols; _runtime() narrows it.
 async def on_model(
     name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
 ) -> None:
-    """Create, update, resume and the periodic resync all converge the same way."""
+    """Create, update and resume converge the same way (and so does the resync loop)."""
     await reconcile(_runtime(memo), namespace or "default", name, logger)
 
 
@@ -90,16 +120,24 @@ async def on_child(
             await reconcile(_runtime(memo), namespace or "default", owner["name"], logger)
 
 
-def register(registry: kopf.OperatorRegistry, resync_seconds: float) -> None:
+async def on_pod(
+    labels: kopf.Labels, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
+) -> None:
+    """A pod of a model changed: its failures (or recovery) go to the model's status."""
+    name = labels.get(INSTANCE_LABEL)
+    if name:
+        await reconcile(_runtime(memo), namespace or "default", name, logger)
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.startup(registry=registry)(configure)
     kopf.on.login(registry=registry)(login)
     kopf.on.cleanup(registry=registry)(cleanup)
     kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="create")(on_model)
     kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="update")(on_model)
     kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="resume")(on_model)
-    kopf.timer(GROUP, VERSION, PLURAL, registry=registry, id="resync", interval=resync_seconds)(
-        on_model
-    )
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="forget")(on_model_event)
     for group, version, plural in WATCHED_CHILDREN:
         kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_child)
+    group, version, plural = PODS
+    kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_pod)

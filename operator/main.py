@@ -24,6 +24,7 @@ async def _operate(
     standalone: bool,
     namespaces: tuple[str, ...],
     liveness: str,
+    resync_seconds: float,
 ) -> None:
     """kopf, with the metrics server started before it and stopped after it."""
     async with contextlib.AsyncExitStack() as stack:
@@ -40,7 +41,12 @@ async def _operate(
             clusterwide=not namespaces,
             namespaces=namespaces,
             liveness_endpoint=liveness or None,
-            memo=kopf.Memo(defaults=defaults, metrics=metrics),
+            memo=kopf.Memo(
+                defaults=defaults,
+                metrics=metrics,
+                namespaces=namespaces,
+                resync_seconds=resync_seconds,
+            ),
         )
 
 
@@ -105,7 +111,7 @@ def command(
     defaults = defaults_from(context)
     kopf.configure(verbose=verbose)
     registry = kopf.OperatorRegistry()
-    register(registry, resync_seconds)
+    register(registry)
     metrics = OperatorMetrics(CollectorRegistry())
     operate = _operate(
         registry,
@@ -115,6 +121,7 @@ def command(
         standalone=standalone,
         namespaces=namespaces,
         liveness=liveness,
+        resync_seconds=resync_seconds,
     )
     # kopf stops on SIGINT/SIGTERM by itself; a cancellation at that point is no error.
     with contextlib.suppress(asyncio.CancelledError):

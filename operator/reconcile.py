@@ -8,16 +8,18 @@ import datetime
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
 from carpool.operator.autoscaling_status import dependency_conditions
 from carpool.operator.defaults import Defaults
-from carpool.operator.diff import contains
+from carpool.operator.diff import up_to_date, with_digest
 from carpool.operator.kube import RESOURCES, ApiError, KubeClient
 from carpool.operator.metrics import OperatorMetrics
-from carpool.operator.render import render_spec, service_url
+from carpool.operator.pods import pod_problem
+from carpool.operator.references import check_references
+from carpool.operator.render import render_spec, selector_for, service_url
 from carpool.operator.spec import ModelSpec, SpecError, parse
 from carpool.operator.status import Observation, desired_status, merge_conditions, observe
 from carpool.operator.types import Manifest
@@ -38,17 +40,13 @@ class Runtime:
     locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
+    # The periodic resync (see resync.py), started at start-up, cancelled at cleanup.
+    resync: asyncio.Task[None] | None = None
 
 
 def _owned_by(child: Mapping[str, Any], uid: str) -> bool:
     refs = child.get("metadata", {}).get("ownerReferences", [])
     return any(ref.get("uid") == uid for ref in refs)
-
-
-def _event(body: Manifest, reason: str, message: str, *, warning: bool = False) -> None:
-    """A Kubernetes event on the BatchedModel, for `kubectl describe`."""
-    post = kopf.warn if warning else kopf.info
-    post(kopf.Body(cast(kopf.RawBody, body)), reason=reason, message=message)
 
 
 def _retry(error: ApiError) -> kopf.TemporaryError:
@@ -57,18 +55,19 @@ def _retry(error: ApiError) -> kopf.TemporaryError:
     return kopf.TemporaryError(f"API server: {error}", delay=delay)
 
 
-async def _apply(kube: KubeClient, owner: Manifest, manifest: Manifest, uid: str) -> None:
+async def _apply(kube: KubeClient, owner: Manifest, rendered: Manifest, uid: str) -> None:
+    manifest = with_digest(rendered)
     kind, metadata = manifest["kind"], manifest["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
     actual = await kube.get(kind, namespace, name)
     if actual is None:
-        await kube.create(manifest)
-        _event(owner, "ChildCreated", f"created {kind} {name}")
+        await kube.apply(manifest)
+        await kube.post_event(owner, "ChildCreated", f"created {kind} {name}", warning=False)
     elif not _owned_by(actual, uid):
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
-    elif not contains(actual, manifest):
-        await kube.merge_patch(kind, namespace, name, manifest)
-        _event(owner, "ChildUpdated", f"updated {kind} {name}")
+    elif not up_to_date(actual, manifest):
+        await kube.apply(manifest)
+        await kube.post_event(owner, "ChildUpdated", f"updated {kind} {name}", warning=False)
 
 
 async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
@@ -78,10 +77,12 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
         actual = await kube.get(kind, spec.namespace, spec.name)
         if actual is not None and _owned_by(actual, spec.uid):
             await kube.delete(kind, spec.namespace, spec.name)
-            _event(owner, "ChildDeleted", f"deleted {kind} {spec.name}")
+            message = f"deleted {kind} {spec.name}"
+            await kube.post_event(owner, "ChildDeleted", message, warning=False)
 
 
 async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
+    await check_references(kube, spec)
     podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
     for manifest in manifests:
@@ -112,7 +113,12 @@ async def _status(
     deployment = await kube.get("Deployment", namespace, name)
     if deployment is not None and not _owned_by(deployment, metadata.get("uid", "")):
         deployment = None
-    observation = observe(deployment, error)
+    problem = None
+    if deployment is not None:
+        problem = pod_problem(await kube.select("Pod", namespace, selector_for(name)))
+    scaling = applied.autoscaling if applied is not None else None
+    fewest = scaling.min_replicas if scaling is not None and scaling.enabled else None
+    observation = observe(deployment, error, pods=problem, fewest=fewest)
     if applied is not None:
         extra = await dependency_conditions(kube, applied)
         observation = replace(observation, conditions=observation.conditions + extra)
@@ -141,7 +147,7 @@ async def _status(
             f"operator's default) exceeds spec.model.maxBatchSize {limit}: the sidecars send "
             f"batches of at most {limit}"
         )
-        _event(body, "BatchSizeClamped", message, warning=True)
+        await kube.post_event(body, "BatchSizeClamped", message, warning=True)
     had = {item.get("type") for item in current.get("conditions", [])}
     for condition in flipped:
         if condition.type == "Degraded" and condition.type not in had and not condition.status:
@@ -149,7 +155,7 @@ async def _status(
         unwelcome = condition.status == (condition.type == "Degraded")
         message = f"{condition.type}: {condition.message}"
         warning = unwelcome and condition.type != "Progressing"
-        _event(body, condition.reason, message, warning=warning)
+        await kube.post_event(body, condition.reason, message, warning=warning)
     return observation
 
 

@@ -57,8 +57,13 @@ _CONTAINER_SECURITY: Manifest = {
 }
 
 
+def selector_for(name: str) -> dict[str, str]:
+    """The labels that select the pods of the BatchedModel `name`."""
+    return {"app.kubernetes.io/name": "batchedmodel", "app.kubernetes.io/instance": name}
+
+
 def selector_labels(spec: ModelSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "batchedmodel", "app.kubernetes.io/instance": spec.name}
+    return selector_for(spec.name)
 
 
 def labels(spec: ModelSpec) -> dict[str, str]:
@@ -254,6 +259,11 @@ def _pod_spec(spec: ModelSpec) -> Manifest:
         },
         # The pods serve a model; they never talk to the Kubernetes API.
         "automountServiceAccountToken": False,
+        # Rendered although false is the default: carpool then owns them, so a hand edit that
+        # turns one on is put back (server-side apply leaves fields no one applied alone).
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
         "terminationGracePeriodSeconds": grace_period(
             spec.drain_delay_s, DRAIN_SECONDS, SHUTDOWN_MARGIN_S
         ),

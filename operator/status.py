@@ -39,8 +39,19 @@ def _deployment_condition(deployment: Mapping[str, Any], kind: str) -> Mapping[s
     return {}
 
 
-def observe(deployment: Mapping[str, Any] | None, error: SpecError | None) -> Observation:
-    """Ready, Progressing and Degraded for a Deployment (None: not created yet)."""
+def observe(
+    deployment: Mapping[str, Any] | None,
+    error: SpecError | None,
+    *,
+    pods: tuple[str, str] | None = None,
+    fewest: int | None = None,
+) -> Observation:
+    """Ready, Progressing and Degraded for a Deployment (None: not created yet).
+
+    `pods`: the pods' most telling problem (see pods.pod_problem). `fewest`: the replicas that
+    make the model Ready under an autoscaler (its minimum), so that scaling up, which adds
+    pods that are not ready yet, never flips Ready.
+    """
     found = deployment or {}
     spec, status = found.get("spec", {}), found.get("status", {})
     desired = int(spec.get("replicas", 1)) if deployment is not None else 0
@@ -55,7 +66,7 @@ def observe(deployment: Mapping[str, Any] | None, error: SpecError | None) -> Ob
         ready_condition = Condition("Ready", False, "DeploymentMissing", "no Deployment yet")
     elif desired == 0:
         ready_condition = Condition("Ready", False, "ScaledToZero", "0 replicas desired")
-    elif ready >= desired:
+    elif ready >= min(desired, fewest or desired):
         ready_condition = Condition("Ready", True, "ReplicasReady", f"{ready}/{desired} ready")
     else:
         ready_condition = Condition("Ready", False, "ReplicasNotReady", f"{ready}/{desired} ready")
@@ -70,6 +81,8 @@ def observe(deployment: Mapping[str, Any] | None, error: SpecError | None) -> Ob
     failure = _deployment_condition(found, "ReplicaFailure")
     if error is not None:
         degraded = Condition("Degraded", True, error.reason, error.message)
+    elif pods is not None:
+        degraded = Condition("Degraded", True, *pods)
     elif deadline.get("reason") == "ProgressDeadlineExceeded":
         message = str(deadline.get("message", "the rollout stalled"))
         degraded = Condition("Degraded", True, "ProgressDeadlineExceeded", message)

@@ -40,8 +40,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield Cluster(kubeconfig, MODELS, served.api)
 
 
-def granted_by_chart(sets: tuple[str, ...] = ()) -> set[Permission]:
-    role = one(render(sets=sets), "ClusterRole")
+def permissions(role: dict[str, Any]) -> set[Permission]:
     return {
         (group, resource, verb)
         for rule in role["rules"]
@@ -49,6 +48,23 @@ def granted_by_chart(sets: tuple[str, ...] = ()) -> set[Permission]:
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
+
+
+def granted_by_chart(sets: tuple[str, ...] = ()) -> set[Permission]:
+    """The ClusterRole's rules and those of every Role (each in a watched namespace)."""
+    manifests = render(sets=sets)
+    granted = permissions(one(manifests, "ClusterRole"))
+    roles = [doc for doc in manifests if doc["kind"] == "Role"]
+    for role in roles:
+        granted |= permissions(role)
+    # Named namespaces: the application rules are in a Role there, and nowhere cluster-wide.
+    assert [role["metadata"]["namespace"] for role in roles] == ([MODELS] if sets else [])
+    bindings = [doc["metadata"]["namespace"] for doc in manifests if doc["kind"] == "RoleBinding"]
+    assert bindings == ([MODELS] if sets else [])
+    if sets:
+        cluster_wide = {resource for _, resource, _ in permissions(one(manifests, "ClusterRole"))}
+        assert cluster_wide == {"customresourcedefinitions", "namespaces"}
+    return granted
 
 
 def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permission]:
@@ -66,6 +82,9 @@ def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permiss
             # The log keeps no query string: kopf lists each collection, then watches it.
             collection = ["list", "watch"] if record.agent.startswith(kopf_agent) else ["list"]
             needed = ["get"] if target.name else collection
+        elif record.content_type.startswith("application/apply-patch"):
+            # A server-side apply that creates its object is authorized as create too.
+            needed = ["patch", "create"]
         else:
             needed = verbs[record.method]
         used |= {(target.group, resource, verb) for verb in needed}
@@ -93,6 +112,10 @@ def test_cluster_role_is_exactly_what_the_operator_uses(
         elsewhere.apply(stranger)
         model["metadata"]["namespace"] = MODELS
         model["spec"]["monitoring"] = {"podMonitor": True}
+        # A Secret the model's env reads: the operator checks that it exists.
+        cluster.kubectl("create", "secret", "generic", "token", "--from-literal=token=x")
+        reference = {"secretKeyRef": {"name": "token", "key": "token"}}
+        model["spec"]["model"]["env"] = [{"name": "TOKEN", "valueFrom": reference}]
         cluster.apply(model)
         children = {kind: "toy" for kind in ("deployment", "service", "hpa", "pdb", "podmonitor")}
         children["configmap"] = "toy-batching"

@@ -370,11 +370,15 @@ def test_operator_command_accepts_the_chart_arguments(monkeypatch: pytest.Monkey
 
 
 def test_watch_namespaces_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
-    """operator.watchNamespaces: one --namespace each; the RBAC stays cluster-wide."""
+    """operator.watchNamespaces: one --namespace each; a Role and RoleBinding in each."""
     manifests = render(sets=("operator.watchNamespaces={ml,team-a}",))
     context, _ = _operator_context(manifests, monkeypatch)
     assert context.params["namespaces"] == ("ml", "team-a")
-    assert by_kind(manifests, "Role") == [] and by_kind(manifests, "RoleBinding") == []
+    for kind in ("Role", "RoleBinding"):
+        assert [doc["metadata"]["namespace"] for doc in by_kind(manifests, kind)] == [
+            "ml",
+            "team-a",
+        ]
     rules = one(manifests, "ClusterRole")["rules"]
     # kopf lists and watches namespaces to find the named ones; cluster-wide it needs not.
     namespaces = {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}

@@ -191,6 +191,8 @@ def test_cluster_role_is_least_privilege() -> None:
         ("apps", "deployments"): watched,
         ("", "services"): watched,
         ("", "configmaps"): watched,
+        ("", "pods"): ("list", "watch"),
+        ("", "secrets"): ("get",),
         ("policy", "poddisruptionbudgets"): unwatched,
         ("autoscaling", "horizontalpodautoscalers"): unwatched,
         ("monitoring.coreos.com", "podmonitors"): unwatched,

@@ -10,10 +10,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from support.kube_schema import apply_defaults, validate
 
 from carpool.contract.batching import Batching
 from carpool.contract.crd import with_batching
+from carpool.operator.schema import apply_defaults, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "batchedmodels.carpool.dev.yaml"

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
-from support.kube_schema import apply_defaults, validate
+
+from carpool.operator.schema import apply_defaults, validate
 
 CRD = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "crds" / "batchedmodels.carpool.dev.yaml").read_text()

@@ -6,9 +6,9 @@ import json
 from typing import Any
 
 import pytest
-from support.batched_models import condition, model
 from support.kube_api import Kind
 from support.kube_cluster import Cluster
+from support.kube_models import condition, model
 
 from carpool.operator.autoscaling_status import autoscaling_condition
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from support.kube_api import ServedKubeApi
+from support.kube_cluster import Cluster
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -178,3 +179,40 @@ def test_protobuf_secrets_as_helm_writes_them(served: ServedKubeApi) -> None:
     assert created["metadata"]["labels"] == {"owner": "helm"}
     assert created["metadata"]["namespace"] == "default"
     assert created["data"] == {"release": "AAE="}
+
+
+def test_server_side_apply_tracks_field_ownership(
+    served: ServedKubeApi, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """kubectl's server-side apply: removal of dropped fields, conflicts, force, shared lists."""
+    kubeconfig = served.write_kubeconfig(tmp_path_factory.mktemp("ssa") / "kubeconfig")
+    cluster = Cluster(kubeconfig, "default", served.api)
+
+    def apply(manager: str, data: dict[str, str], *flags: str) -> Any:
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "owned"},
+            "data": data,
+        }
+        return cluster.kubectl(
+            "apply", "--server-side", f"--field-manager={manager}", *flags, "-f", "-",
+            stdin=json.dumps(body), check=False,
+        )  # fmt: skip
+
+    assert apply("alice", {"a": "1", "b": "2"}).returncode == 0
+    assert apply("alice", {"a": "1"}).returncode == 0  # b dropped: alice's alone, so removed
+    found = cluster.get("configmap", "owned")
+    assert found is not None and found["data"] == {"a": "1"}
+
+    refused = apply("bob", {"a": "9"})
+    assert refused.returncode != 0 and 'conflict with "alice"' in refused.stderr
+    assert apply("bob", {"a": "9"}, "--force-conflicts").returncode == 0
+    # alice no longer owns a: her next apply without it leaves bob's value.
+    assert apply("alice", {"c": "3"}).returncode == 0
+    found = cluster.get("configmap", "owned")
+    assert found is not None and found["data"] == {"a": "9", "c": "3"}
+    shown = cluster.kubectl("get", "configmap", "owned", "-o", "json", "--show-managed-fields")
+    managed = json.loads(shown.stdout)["metadata"]["managedFields"]
+    managers = {entry["manager"] for entry in managed}
+    assert managers == {"alice", "bob"}

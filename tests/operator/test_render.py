@@ -10,12 +10,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from support.kube_schema import apply_defaults
 
 from carpool.contract.batching import DISPATCH_MODES, KNOBS, Batching
 from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
+from carpool.operator.schema import apply_defaults
 from carpool.operator.spec import SpecError
 from carpool.sidecar.config import BatchingSettings, apply_file
 

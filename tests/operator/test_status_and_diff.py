@@ -117,3 +117,35 @@ def test_changes_to_our_fields_are_drift() -> None:
     actual = stored(wanted)
     actual["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "2"
     assert not contains(actual, wanted)
+
+
+def test_other_managers_items_and_dropped_zero_values_are_no_drift() -> None:
+    body = {
+        "metadata": {"name": "m", "namespace": "ns", "uid": "u"},
+        "spec": {"model": {"handler": "toy"}},
+    }
+    (desired,) = [m for m in render(body) if m["kind"] == "Deployment"]
+    live = copy.deepcopy(desired)
+    pod = live["spec"]["template"]["spec"]
+    pod["containers"].append({"name": "mesh-proxy", "image": "mesh/proxy:1"})
+    del pod["hostNetwork"]  # the API server leaves false out
+    assert contains(live, desired)
+    pod["hostNetwork"] = True
+    assert not contains(live, desired)
+    del pod["hostNetwork"]
+    pod["containers"][1]["image"] = "x/y:1"  # carpool's sidecar, changed
+    assert not contains(live, desired)
+
+
+def test_an_autoscaler_scaling_up_leaves_the_model_ready() -> None:
+    scaled_up = deployment(replicas=5, ready=2)
+    ready = {c.type: c for c in observe(scaled_up, None, fewest=2).conditions}["Ready"]
+    assert ready.status and ready.message == "2/5 ready"
+    short = {c.type: c for c in observe(deployment(replicas=5, ready=1), None, fewest=2).conditions}
+    assert not short["Ready"].status
+
+
+def test_a_pod_problem_is_degraded_with_its_reason() -> None:
+    problem = ("ImagePullBackOff", "pod m-1, model-server: not found")
+    degraded = {c.type: c for c in observe(deployment(), None, pods=problem).conditions}["Degraded"]
+    assert (degraded.status, degraded.reason) == (True, "ImagePullBackOff")

@@ -29,10 +29,11 @@ import kmock
 import yaml
 from aiohttp import web
 
+from carpool.operator.schema import Cause, apply_defaults, prune, validate
+from support import kube_apply
 from support import kube_protobuf as protobuf
 from support.kube_defaults import apply_builtin_defaults
 from support.kube_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from support.kube_schema import Cause, apply_defaults, prune, validate
 from support.kube_tables import table
 
 Json = dict[str, Any]
@@ -251,6 +252,7 @@ class Record:
     path: str
     agent: str
     content_type: str
+    query: str = ""
 
 
 @dataclass
@@ -272,18 +274,20 @@ class KubeApiServer(kmock.KubernetesEmulator):
     lists carry kind and resourceVersion; watches honour `?resourceVersion=` (replaying the
     event history after it, so nothing is lost between a list and its watch), `labelSelector`,
     `fieldSelector` (equality on dotted paths) and `timeoutSeconds`; PUT; merge, JSON and
-    (approximated, see kube_patch) strategic merge patches; server-side apply treated as create-
-    or-merge-patch; no-op writes do not bump resourceVersion; a status subresource split for
+    (approximated, see kube_patch) strategic merge patches; server-side apply with field ownership
+    (`managedFields`, conflicts, `force`, removal of fields a manager stops applying; see
+    kube_apply); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
     cascading, background-style); discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
-    schema including known CEL rules (see kube_schema); a few API-server defaults of Deployments
-    and Services (see kube_defaults), so that clients can prove they compare only their own
-    fields; server-side Tables for `kubectl get`, with a CRD's printer columns; `dryRun`; and a
-    log of requests (`records`, `write_count`); injected errors (`fail`); protobuf request
-    bodies of Secrets and ConfigMaps (helm's release storage; see kube_protobuf).
+    schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of
+    Deployments and Services (see kube_defaults), so that clients can prove they compare only
+    their own fields; server-side Tables for `kubectl get`, with a CRD's printer columns;
+    `dryRun`; and a log of requests (`records`, `write_count`); injected errors (`fail`);
+    protobuf request bodies of Secrets and ConfigMaps (helm's release storage; see
+    kube_protobuf).
 
     Still unlike a real API server: no authentication, authorization, admission webhooks,
     quotas or namespace lifecycle (objects may land in namespaces that do not exist); no
@@ -295,8 +299,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     to its compiled-in types; no other protobuf, no aggregated discovery (clients fall back to the
     legacy documents), no deletecollection, no `/scale` subresource (`kubectl scale` fails;
     patch spec.replicas instead), no watch bookmarks, no 410 Gone (the whole history is
-    kept), no `managedFields` (server-side apply conflicts are never detected); Tables of
-    built-in kinds show only Name and Age.
+    kept); Tables of built-in kinds show only Name and Age; a metadata-only GET
+    (`as=PartialObjectMetadata`) gets the whole object.
     """
 
     kinds: dict[KindKey, Kind] = attrs.field(init=False, factory=dict)
@@ -371,6 +375,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 request.url.path,
                 headers.get("user-agent", ""),
                 headers.get("content-type", ""),
+                request.url.query_string,
             )
         )
         try:
@@ -396,6 +401,14 @@ class KubeApiServer(kmock.KubernetesEmulator):
     ) -> tuple[int, Any]:
         path = request.url.path.rstrip("/") or "/"
         params = dict(request.params)
+        content_type = headers.get("content-type", "").split(";")[0].strip()
+        if content_type == "application/apply-patch+yaml" and not params.get("fieldManager"):
+            raise ApiFailure(
+                400, "BadRequest", "PATCH, application/apply-patch+yaml: fieldManager is required"
+            )
+        # Without ?fieldManager= the API server names the manager after the User-Agent.
+        agent = headers.get("user-agent", "")
+        params.setdefault("fieldManager", agent.split("/")[0] or "unknown")
         if path == "/version":
             return 200, {
                 "major": "1",
@@ -741,6 +754,14 @@ class KubeApiServer(kmock.KubernetesEmulator):
         for transient in ("uid", "resourceVersion", "deletionTimestamp", "generation"):
             metadata.pop(transient, None)
         self._admit(kind, obj, params)
+        manager = params.get("fieldManager", "unknown")
+        if params.get("apply"):
+            metadata.pop("managedFields", None)
+            obj = kube_apply.apply({"metadata": {}}, obj, manager, force=True)
+            metadata = obj["metadata"]
+        else:
+            metadata.pop("managedFields", None)
+            kube_apply.update(None, obj, manager)
         metadata.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
         if kind.key == CRD_KEY:
             self._establish(obj)
@@ -760,7 +781,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
         params: dict[str, str],
         *,
         replace: bool,
+        applied: bool = False,
     ) -> Json:
+        """`applied`: `body` is the result of a server-side apply, its managedFields set."""
         old = self._existing(kind, key)
         if not isinstance(body, dict):
             raise ApiFailure(400, "BadRequest", "the body is not an object")
@@ -798,6 +821,10 @@ class KubeApiServer(kmock.KubernetesEmulator):
         metadata["resourceVersion"] = old["metadata"]["resourceVersion"]
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
         self._admit(kind, new, params)
+        if not applied:
+            # Managed fields are the server's: what a client sends there is ignored here.
+            metadata["managedFields"] = old["metadata"].get("managedFields", [])
+            kube_apply.update(old, new, params.get("fieldManager", "unknown"))
         if kind.key == CRD_KEY:
             self._establish(new)
 
@@ -806,8 +833,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
 
         if essence(new) != essence(old):
             metadata["generation"] = int(old["metadata"].get("generation", 1)) + 1
-        if new == old or params.get("dryRun"):
-            return new  # a no-op write changes nothing, not even the resourceVersion
+        if _timeless(new) == _timeless(old) or params.get("dryRun"):
+            return old  # a no-op write changes nothing, not even the resourceVersion
         metadata["resourceVersion"] = str(next(self._revision))
         if metadata.get("deletionTimestamp") and not metadata.get("finalizers"):
             self._remove(kind, key, new)
@@ -827,8 +854,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     ) -> tuple[int, Json]:
         content_type = headers.get("content-type", "").split(";")[0].strip()
         body = self._body(request, headers)
-        if content_type == "application/apply-patch+yaml" and key not in self.store:
-            return 201, self._create(kind, key[1], body, params)
+        if content_type == "application/apply-patch+yaml":
+            return self._apply(kind, key, body, subresource, params)
         old = self._existing(kind, key)
         if content_type == "application/json-patch+json":
             patched = json_patch(old, body)
@@ -840,13 +867,38 @@ class KubeApiServer(kmock.KubernetesEmulator):
                     "strategic merge patch is not supported for custom resources",
                 )
             patched = strategic_merge_patch(old, body)
-        elif content_type in ("application/merge-patch+json", "application/apply-patch+yaml"):
+        elif content_type == "application/merge-patch+json":
             patched = merge_patch(old, body)
         else:
             raise ApiFailure(
                 415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported"
             )
         return 200, self._update(kind, key, patched, subresource, params, replace=False)
+
+    def _apply(
+        self, kind: Kind, key: ObjectKey, body: Any, subresource: str, params: dict[str, str]
+    ) -> tuple[int, Json]:
+        if not isinstance(body, dict):
+            raise ApiFailure(400, "BadRequest", "the applied configuration is not an object")
+        if key not in self.store:
+            return 201, self._create(kind, key[1], body, {**params, "apply": "true"})
+        old = self._existing(kind, key)
+        manager = params["fieldManager"]
+        if subresource == "status":
+            patched = kube_apply.merge(old, {"status": body.get("status")})
+        else:
+            applied = {k: v for k, v in body.items() if not (kind.status and k == "status")}
+            try:
+                patched = kube_apply.apply(
+                    old, applied, manager, force=params.get("force") == "true"
+                )
+            except kube_apply.ApplyConflict as conflict:
+                texts = [f'conflict with "{who}": .{path}' for who, path in conflict.conflicts]
+                count = len(texts)
+                message = f"Apply failed with {count} conflict{'s' if count > 1 else ''}: "
+                raise ApiFailure(409, "Conflict", message + "; ".join(texts)) from conflict
+        return 200, self._update(kind, key, patched, subresource, params, replace=False,
+                                 applied=True)  # fmt: skip
 
     def _delete(self, kind: Kind, key: ObjectKey, params: dict[str, str]) -> Json:
         obj = self._existing(kind, key)
@@ -934,6 +986,13 @@ class KubeApiServer(kmock.KubernetesEmulator):
             "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
             "conditions": old_conditions or conditions,
         }
+
+
+def _timeless(obj: Json) -> Json:
+    """An object without its managedFields' timestamps, which alone make no change."""
+    entries = obj.get("metadata", {}).get("managedFields") or []
+    bare = [{k: v for k, v in entry.items() if k != "time"} for entry in entries]
+    return {**obj, "metadata": {**obj.get("metadata", {}), "managedFields": bare}}
 
 
 class ServedKubeApi:

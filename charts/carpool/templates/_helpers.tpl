@@ -99,3 +99,63 @@ rules.existing: the full name, shortened so that the suffix fits in 63 character
 {{- define "carpool.adapterRulesName" -}}
 {{- printf "%s-adapter-rules" (include "carpool.fullname" . | trunc 49 | trimSuffix "-") }}
 {{- end }}
+
+{{/*
+The operator's application rules: in the ClusterRole when it serves every namespace, else in a
+Role in each namespace of operator.watchNamespaces. Each rule says why it is there.
+*/}}
+{{- define "carpool.operatorRules" -}}
+# Application: the BatchedModel resource itself. kopf watches it and patches metadata
+# (progress annotations under carpool.dev/); the resync lists it.
+- apiGroups: ["carpool.dev"]
+  resources: ["batchedmodels"]
+  verbs: ["get", "list", "watch", "patch"]
+# Application: status.conditions and status.observedGeneration, on the status subresource.
+- apiGroups: ["carpool.dev"]
+  resources: ["batchedmodels/status"]
+  verbs: ["patch"]
+# Application: children carry an ownerReference with blockOwnerDeletion, which clusters
+# running the OwnerReferencesPermissionEnforcement admission plugin allow only to whoever may
+# update the owner's finalizers. No request uses it; admission checks it.
+- apiGroups: ["carpool.dev"]
+  resources: ["batchedmodels/finalizers"]
+  verbs: ["update"]
+# Application: carpool's events on its BatchedModels (ChildCreated, Degraded reasons, ...).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# Application: the children every BatchedModel has, read and server-side applied (an apply
+# that creates is authorized as create too) by the reconciler, and watched (by label, filtered
+# by the API server) so that drift is repaired at once. Never deleted by the operator: garbage
+# collection removes them with their BatchedModel.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# Application: the models' pods, listed and watched (by label) so that ImagePullBackOff,
+# CrashLoopBackOff, Unschedulable and ModelLoadFailed reach the BatchedModel's status.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# Application: whether a Secret that a model's env reads exists (metadata only is asked for),
+# so that a missing one is reported as SecretNotFound rather than as stuck pods.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+# Application: the optional PDB and HPA, compared on each resync (not watched), deleted when
+# the spec stops asking for them.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch", "delete"]
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["get", "create", "patch", "delete"]
+# Application: a PodMonitor per BatchedModel so that Prometheus scrapes the sidecar and the
+# model server, when the spec asks and the Prometheus Operator CRDs exist. Not watched;
+# deleted when the spec stops asking for it.
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}

@@ -1,40 +1,60 @@
 """Structural-schema handling of custom resources, as the API server does it.
 
 Defaulting, pruning of unknown fields, and validation of type, bounds, enum, pattern, lengths,
-required fields and the CEL rules (`x-kubernetes-validations`) carpool's CRD uses. CEL is not
-interpreted: CEL_RULES maps each known rule's text to a Python predicate; unknown rules pass.
-Messages follow the API server's wording so kubectl prints what users would see.
+required fields and CEL rules (`x-kubernetes-validations`, evaluated with cel-python; a rule
+at the root sees `self.metadata.name`). Messages follow the API server's wording, so that
+`carpool render` prints what `kubectl apply` would. The test API server uses the same code,
+and the end-to-end tests run against a real API server too.
+
+Unlike the API server: formats (`date-time`, `int64`) are not checked, and CEL runs without
+the Kubernetes extension libraries (strings, lists, regex beyond `matches`) or cost limits.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import importlib.resources
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import celpy
+import yaml
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
-def _exactly_one(node: Any) -> bool:
-    return sum(key in node for key in ("image", "pvc", "uri", "storageUri")) == 1
-
-
-def _storage_options_need_storage(node: Any) -> bool:
-    return "storageUri" in node or not ({"secretName", "mountPath"} & set(node))
-
-
-def _min_not_over_max(node: Any) -> bool:
-    return bool(node.get("minReplicas", 0) <= node.get("maxReplicas", 0))
+# The CRD, shipped with the package (a link to crds/ in the repository).
+_CRD_FILE = "batchedmodels.carpool.dev.yaml"
 
 
-CEL_RULES: dict[str, Callable[[Any], bool]] = {
-    "[has(self.image), has(self.pvc), has(self.uri), has(self.storageUri)]"
-    ".filter(x, x).size() == 1": _exactly_one,
-    "(has(self.secretName) || has(self.mountPath)) ? has(self.storageUri) : true": (
-        _storage_options_need_storage
-    ),
-    "self.minReplicas <= self.maxReplicas": _min_not_over_max,
-}
+@functools.cache
+def crd() -> dict[str, Any]:
+    text = importlib.resources.files("carpool.operator").joinpath(_CRD_FILE).read_text()
+    loaded: dict[str, Any] = yaml.safe_load(text)
+    return loaded
+
+
+def model_schema() -> dict[str, Any]:
+    """The BatchedModel's openAPIV3Schema (the storage version's)."""
+    (version,) = [v for v in crd()["spec"]["versions"] if v.get("storage")]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@functools.cache
+def _program(rule: str) -> Any:
+    environment = celpy.Environment()
+    return environment.program(environment.compile(rule))
+
+
+def cel_holds(rule: str, node: Any) -> bool:
+    """Whether a CEL rule holds with `self` bound to `node`; an error counts as a failure."""
+    try:
+        return bool(_program(rule).evaluate({"self": json_to_cel(node)}))
+    except CELEvalError:
+        return False
+
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -152,7 +172,7 @@ def validate(node: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
                 causes.append(Cause(child, "Required value", "FieldValueRequired"))
         for key, value in node.items():
             if path == "" and key == "metadata":
-                continue  # validated by the API server's own rules, not the CRD's
+                continue  # validated by the API server's own rules (and the root's CEL)
             sub = schema.get("properties", {}).get(key) or schema.get("additionalProperties")
             if isinstance(sub, dict):
                 causes += validate(value, sub, f"{path}.{key}" if path else key)
@@ -165,8 +185,22 @@ def validate(node: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
                 causes += validate(item, schema["items"], f"{path}[{index}]")
     if not causes:
         for rule in schema.get("x-kubernetes-validations", []):
-            check = CEL_RULES.get(rule.get("rule", ""))
-            if check is not None and not check(node):
-                message = rule.get("message") or f"failed rule: {rule.get('rule')}"
-                causes.append(Cause(path, f"Invalid value: {_quote(node)}: {message}"))
+            if not cel_holds(rule["rule"], node):
+                message = rule.get("message") or f"failed rule: {rule['rule']}"
+                # fieldPath (relative, e.g. ".model.device") points at the field to blame.
+                where = ".".join(p for p in (path, rule.get("fieldPath", "").lstrip(".")) if p)
+                causes.append(Cause(where or "<nil>", f"Invalid value: {_quote(node)}: {message}"))
     return causes
+
+
+def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Cause]]:
+    """A BatchedModel as the API server would store it, and why it would refuse it.
+
+    Defaulted, and checked as under `fieldValidation=Strict` (kubectl's default): an unknown
+    field is a problem too.
+    """
+    schema = model_schema()
+    admitted = apply_defaults(copy.deepcopy(body), schema)
+    unknown = prune(admitted, schema)
+    causes = [Cause(path, "field not declared in schema", "FieldValueInvalid") for path in unknown]
+    return admitted, causes + validate(admitted, schema)
