@@ -75,7 +75,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         if counted:
             # No response: the handler was cancelled because the client left.
             status = CLIENT_GONE if response is None else response.status
-            metrics.answered(status, asyncio.get_running_loop().time() - started)
+            metrics.answered(status, asyncio.get_running_loop().time() - started, "rest")
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -13,7 +13,7 @@ import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from carpool.sidecar.app import DATAPLANE, create_app
+from carpool.sidecar.app import DATAPLANE, METRICS, create_app
 from carpool.sidecar.config import (
     DISPATCH_MODES,
     BatchingSettings,
@@ -21,6 +21,7 @@ from carpool.sidecar.config import (
     Dispatch,
     SidecarConfig,
 )
+from carpool.sidecar.grpc import server as grpc_server
 
 log = logging.getLogger("carpool.sidecar")
 # After the drain every accepted request has its answer; this only bounds writing them out.
@@ -52,6 +53,8 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
 @_option("max-body-bytes", int, 64 * 1024 * 1024, "largest request body (413 above)")
 @_option("drain-seconds", float, 30.0, "grace to finish queued work on SIGTERM")
+@_option("grpc-port", int, 8081, "gRPC (Open Inference Protocol) listen port, 0: off")
+@_option("grpc-max-message-bytes", int, None, "largest gRPC message [default: max-body-bytes]")
 def command(
     model_name: str | None,
     model_server: str,
@@ -67,6 +70,8 @@ def command(
     max_batch_tokens: int,
     max_body_bytes: int,
     drain_seconds: float,
+    grpc_port: int,
+    grpc_max_message_bytes: int | None,
 ) -> None:
     """Batch inference requests for a co-located model server."""
     try:
@@ -90,6 +95,8 @@ def command(
             max_body_bytes=max_body_bytes,
             drain_seconds=drain_seconds,
             batching=batching,
+            grpc_port=grpc_port,
+            grpc_max_message_bytes=grpc_max_message_bytes,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
@@ -111,13 +118,17 @@ async def serve(config: SidecarConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    batcher = app[DATAPLANE].batcher
-    log.info("draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds)
-    if not await batcher.drain(config.drain_seconds):
-        log.warning("drain grace over with %d items queued", batcher.queued_items)
-        # Every caller still waiting gets 503 before the connections close.
-        await batcher.abort()
+    # gRPC: beside REST over the same data plane; it stops once the drain has answered its calls.
+    async with grpc_server.serving(config, app[DATAPLANE], app[METRICS]):
+        await stop.wait()
+        batcher = app[DATAPLANE].batcher
+        log.info(
+            "draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds
+        )
+        if not await batcher.drain(config.drain_seconds):
+            log.warning("drain grace over with %d items queued", batcher.queued_items)
+            # Every caller still waiting gets 503 before the connections close.
+            await batcher.abort()
     await runner.cleanup()
     log.info("sidecar stopped")
     return 0

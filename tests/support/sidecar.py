@@ -40,6 +40,7 @@ class Sidecar:
     url: str  # http://127.0.0.1:PORT
     model: str
     log_path: Path
+    grpc: str  # its gRPC front, 127.0.0.1:PORT (none listens if args gave --grpc-port 0)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -118,12 +119,19 @@ def run_sidecar(
 ) -> Iterator[Sidecar]:
     port = free_port()
     command = [sys.executable, "-m", "carpool", "sidecar", "--model-name", model]
-    command += ["--model-server", model_url, "--port", str(port), *args]
+    command += ["--model-server", model_url, "--port", str(port)]
+    # A free gRPC port unless the test chose one: sidecars of one run never share 8081.
+    grpc_port = str(free_port())
+    if "--grpc-port" in args:
+        grpc_port = args[args.index("--grpc-port") + 1]
+    command += ["--grpc-port", grpc_port, *args]
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     log_path = tmp_path / f"sidecar-{len(list(tmp_path.glob('sidecar-*.log')))}.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
-    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", model, log_path)
+    sidecar = Sidecar(
+        process, f"http://127.0.0.1:{port}", model, log_path, f"127.0.0.1:{grpc_port}"
+    )
     try:
         _wait_until_up(sidecar, "/v2/health/ready" if wait_ready else "/v2/health/live", timeout_s)
         yield sidecar
