@@ -47,6 +47,16 @@ CONTENTS_FIELDS: dict[str, str] = {
     "FP64": "fp64_contents",
     BYTES: "bytes_contents",
 }
+# The numpy dtype of each numeric field's protobuf type.
+FIELD_DTYPES: dict[str, str] = {
+    "bool_contents": "bool",
+    "int_contents": "int32",
+    "int64_contents": "int64",
+    "uint_contents": "uint32",
+    "uint64_contents": "uint64",
+    "fp32_contents": "float32",
+    "fp64_contents": "float64",
+}
 
 
 def parse_request(message: ModelInferRequest) -> InferRequest:
@@ -112,8 +122,9 @@ def _typed(
                 f"got {len(elements)}"
             )
         return elements
-    # from_json checks the count and the range of narrow integer types, as for JSON data.
-    return from_json(name, datatype, dims, np.asarray(values))
+    # In the field's own type first (uint64 values above 2**63 would turn float), then
+    # from_json checks the count and the range of narrower types, as for JSON data.
+    return from_json(name, datatype, dims, np.asarray(values, dtype=FIELD_DTYPES[field]))
 
 
 def _flag(parameters: Mapping[str, InferParameter], key: str, default: bool | None) -> bool | None:

@@ -8,10 +8,12 @@ Kubernetes gRPC probes ask by service name: "" (the server) and
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from grpc_health.v1 import health, health_pb2
 
 from carpool.sidecar.dataplane import DataPlane
+from carpool.sidecar.grpc.status import Context
 from carpool.sidecar.health import POLL_INTERVAL_S
 
 READINESS_SERVICES = ("", "inference.GRPCInferenceService")
@@ -20,11 +22,26 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+class _CurrentHealth(health.aio.HealthServicer):
+    """Check publishes first, so it never lags what ServerReady says."""
+
+    def __init__(self, publish: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self._publish = publish
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: Context
+    ) -> health_pb2.HealthCheckResponse:
+        await self._publish()
+        return await super().Check(request, context)
+
+
 class HealthFollower:
-    """The health servicer and the task that copies the data plane's state into it."""
+    """The health servicer and the task that copies the data plane's state into it
+    (for Watch; Check reads the state itself)."""
 
     def __init__(self, dataplane: DataPlane) -> None:
-        self.servicer = health.aio.HealthServicer()
+        self.servicer = _CurrentHealth(self._publish)
         self._dataplane = dataplane
         self._published: tuple[bool, bool] | None = None  # (ready, live)
 
