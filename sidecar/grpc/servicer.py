@@ -88,31 +88,32 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         arrived_at = loop.time()
         # Seconds left of the client's deadline; None when it set none.
         remaining = context.time_remaining()
-        code = CLIENT_GONE
+
+        def answered(code: int) -> None:
+            # Counted before the status goes out, so a caller who reads /metrics sees it.
+            self._metrics.answered(code, loop.time() - arrived_at, PROTOCOL)
+
         try:
-            response = await self._infer(request, context, arrived_at, remaining)
-            code = 200
-            return response
+            response = await self._infer(request, arrived_at, remaining)
         except SidecarError as error:
-            code = error.status
+            answered(error.status)
             if error.rejected_reason is not None:
                 self._metrics.reject(error.rejected_reason)
             await status.abort(context, error)
         except asyncio.CancelledError:
-            if remaining is not None and loop.time() >= arrived_at + remaining:
-                code = DEADLINE_PASSED
+            late = remaining is not None and loop.time() >= arrived_at + remaining
+            answered(DEADLINE_PASSED if late else CLIENT_GONE)
             raise
         except Exception:
             log.exception("unexpected error in ModelInfer")
-            code = INTERNAL_ERROR.status
+            answered(INTERNAL_ERROR.status)
             await status.abort(context, INTERNAL_ERROR)
-        finally:
-            self._metrics.answered(code, loop.time() - arrived_at, PROTOCOL)
+        answered(200)
+        return response
 
     async def _infer(
         self,
         request: ModelInferRequest,
-        context: Context,
         arrived_at: float,
         remaining: float | None,
     ) -> ModelInferResponse:
