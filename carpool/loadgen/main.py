@@ -48,6 +48,12 @@ def _shape(value: str) -> tuple[int, ...]:
     "--protocol", type=click.Choice(workload.PROTOCOLS), default="oip-json", show_default=True
 )
 @click.option(
+    "--grpc-target",
+    default="127.0.0.1:8081",
+    show_default=True,
+    help="host:port of the sidecar's gRPC front, for --protocol grpc.",
+)
+@click.option(
     "--concurrency",
     default=None,
     help=f"Closed loop: comma-separated client counts [default: {DEFAULT_CONCURRENCY}].",
@@ -82,6 +88,7 @@ def command(
     metrics_url: str | None,
     model_name: str | None,
     protocol: workload.Protocol,
+    grpc_target: str,
     concurrency: str | None,
     rate: str | None,
     duration: float | None,
@@ -132,6 +139,7 @@ def command(
         timeout_seconds=timeout,
         seed=seed,
         progress=not quiet,
+        grpc_target=grpc_target if protocol == "grpc" else None,
     )
     cells = asyncio.run(runner.run(settings, workload.build(spec)))
     result = report.BenchReport(

@@ -18,13 +18,17 @@ Context = grpc.aio.ServicerContext[Any, Any]
 CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # as gRPC's own message size limit answers
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # as gRPC's own message size limit answers
     499: grpc.StatusCode.CANCELLED,
     500: grpc.StatusCode.INTERNAL,
     502: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# The other way, for reports that count answers by HTTP status: the first status listed.
+HTTP_STATUSES: dict[grpc.StatusCode, int] = {
+    code: http_status for http_status, code in reversed(CODES.items())
 }
 
 

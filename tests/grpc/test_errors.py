@@ -152,8 +152,10 @@ async def test_cancelled_call_is_never_sent(pair: Pair, stub: Any) -> None:
     assert model_items(pair.model_server) == items_before + 1  # the blocker alone
     await asyncio.to_thread(
         wait_for,
-        lambda: metric(sidecar, "carpool_requests_total", protocol="grpc", code="499")
-        == gone_before + 1,
+        lambda: (
+            metric(sidecar, "carpool_requests_total", protocol="grpc", code="499")
+            == gone_before + 1
+        ),
     )
 
 

@@ -46,7 +46,8 @@ def values(datatype: str) -> np.ndarray[Any, Any]:
     if datatype == "BOOL":
         return np.array([[True, False, False], [False, True, True]])
     if datatype == "BYTES":
-        return np.array([[b"carpool", b"", b"\x00\xff"], [b"a", b"bc", "caf\u00e9".encode()]], dtype=object)
+        texts = [[b"carpool", b"", b"\x00\xff"], [b"a", b"bc", "caf\u00e9".encode()]]
+        return np.array(texts, dtype=object)
     if datatype == "BF16":
         return np.array([[1.0, -2.5, 0.15625], [3.0e38, -0.0, 7.0]], dtype=ml_dtypes.bfloat16)
     dtype = np.dtype(datatype.lower().replace("fp", "float"))
@@ -188,8 +189,10 @@ def test_typed_value_out_of_range_is_invalid_argument(typed_pair: Pair) -> None:
     request = typed_request("typed")
     int8 = next(tensor for tensor in request.inputs if tensor.datatype == "INT8")
     int8.contents.int_contents[0] = 300
-    with grpc.insecure_channel(typed_pair.sidecar.grpc) as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    with (
+        grpc.insecure_channel(typed_pair.sidecar.grpc) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "out of range for INT8" in refused.value.details()

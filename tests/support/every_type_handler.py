@@ -55,8 +55,9 @@ class EveryTypeHandler(Handler[list[Item], list[Item]]):
         return Prepared(valid or None, len(valid), rejected)
 
     def infer(self, batch: list[Item]) -> list[Item]:
+        specs = self.metadata.inputs
         return [
-            {output_name(spec.datatype): _reversed(item[spec.name]) for spec in self.metadata.inputs}
+            {output_name(spec.datatype): _reversed(item[spec.name]) for spec in specs}
             for item in batch
         ]
 
