@@ -17,7 +17,8 @@ from support.sidecar import v2_body
 
 def test_serve_demo_load_reports_batching() -> None:
     command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
-    command += ["--port", str(free_port()), "--demo-load", "--demo-seconds", "1.5"]
+    command += ["--port", str(free_port()), "--grpc-port", str(free_port())]
+    command += ["--demo-load", "--demo-seconds", "1.5"]
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -31,7 +32,7 @@ def test_serve_demo_load_reports_batching() -> None:
 def test_serve_stops_both_children_on_sigterm() -> None:
     port = free_port()
     command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
-    command += ["--port", str(port), "--max-batch-size", "4"]
+    command += ["--port", str(port), "--grpc-port", str(free_port()), "--max-batch-size", "4"]
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
