@@ -11,8 +11,9 @@ import asyncio
 import logging
 from importlib.metadata import version
 
+from carpool.sidecar.app import CLIENT_GONE
 from carpool.sidecar.dataplane import DataPlane
-from carpool.sidecar.errors import SidecarError
+from carpool.sidecar.errors import DeadlineExceeded, SidecarError
 from carpool.sidecar.grpc import codec, status
 from carpool.sidecar.grpc.inference_pb2 import (
     ModelInferRequest,
@@ -37,10 +38,8 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = "grpc"
 # Metrics count answers by the HTTP status a REST caller would have got, so one dashboard
-# panel reads both protocols: a call that left before its answer counts as 499, one whose
-# deadline passed as 504.
-CLIENT_GONE = 499
-DEADLINE_PASSED = 504
+# panel reads both protocols: a call that left before its answer counts as REST's
+# CLIENT_GONE (499), one whose deadline passed as DeadlineExceeded (504).
 INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
 
 
@@ -102,7 +101,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             await status.abort(context, error)
         except asyncio.CancelledError:
             late = remaining is not None and loop.time() >= arrived_at + remaining
-            answered(DEADLINE_PASSED if late else CLIENT_GONE)
+            answered(DeadlineExceeded.status if late else CLIENT_GONE)
             raise
         except Exception:
             log.exception("unexpected error in ModelInfer")
