@@ -40,6 +40,7 @@ PROTOCOL = "grpc"
 # Metrics count answers by the HTTP status a REST caller would have got, so one dashboard
 # panel reads both protocols: a call that left before its answer counts as REST's
 # CLIENT_GONE (499), one whose deadline passed as DeadlineExceeded (504).
+CLOCK_SLACK_S = 0.01
 INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
 
 
@@ -100,7 +101,9 @@ class InferenceServicer(GRPCInferenceServiceServicer):
                 self._metrics.reject(error.rejected_reason)
             await status.abort(context, error)
         except asyncio.CancelledError:
-            late = remaining is not None and loop.time() >= arrived_at + remaining
+            # grpc.aio cancels the method at the deadline by its own clock, which may run a
+            # hair ahead of the loop's.
+            late = remaining is not None and loop.time() >= arrived_at + remaining - CLOCK_SLACK_S
             answered(DeadlineExceeded.status if late else CLIENT_GONE)
             raise
         except Exception:
