@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup link tools demo test lint typecheck unit bench clean crd image image-cuda
+.PHONY: setup link tools demo test lint typecheck unit bench clean crd image image-cuda grpc
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,23 @@ setup: $(STAMP)
 # The strict editable install is a tree of links: re-link it so files added since setup count.
 link: setup
 	$(PY) -m pip install -qq --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
+
+# The gRPC modules beside sidecar/grpc/inference.proto, checked in. The proto is mapped to
+# its import path so the generated modules import each other as carpool.sidecar.grpc.*.
+# Its messages go in a descriptor pool of their own: tritonclient and kserve define the same
+# `inference.*` names in the default pool, and a process may load those too.
+GRPC_DIR := sidecar/grpc
+grpc: setup
+	rm -rf build/grpc && mkdir -p build/grpc
+	$(PY) -m grpc_tools.protoc -Icarpool/sidecar/grpc=$(GRPC_DIR) \
+		--python_out=build/grpc --grpc_python_out=build/grpc \
+		--mypy_out=build/grpc --mypy_grpc_out=build/grpc \
+		--plugin=protoc-gen-mypy=$(VENV)/bin/protoc-gen-mypy \
+		--plugin=protoc-gen-mypy_grpc=$(VENV)/bin/protoc-gen-mypy_grpc \
+		carpool/sidecar/grpc/inference.proto
+	cp build/grpc/carpool/sidecar/grpc/inference_pb2* $(GRPC_DIR)/
+	sed -i 's/_descriptor_pool.Default().AddSerializedFile/_descriptor_pool.DescriptorPool().AddSerializedFile/' \
+		$(GRPC_DIR)/inference_pb2.py
 
 tools:
 	scripts/install-tools.sh

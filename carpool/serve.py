@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from carpool import processes
+from carpool.contract import pod
 from carpool.demo import report_lines, run_demo
 
 READY_TIMEOUT_S = 600.0
@@ -54,6 +55,7 @@ def _batching_options(function: click.decorators.FC) -> click.decorators.FC:
 @click.option("--torch-threads", type=int, help="torch intra-op threads (default: torch's)")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--grpc-port", default=pod.GRPC_PORT, show_default=True, type=int, help="0: no gRPC")
 @_batching_options
 @click.option("--demo-load", is_flag=True, help="send a short load, print a report, stop")
 @click.option("--demo-clients", default=32, show_default=True, type=int)
@@ -64,6 +66,7 @@ def command(
     model_name: str | None,
     host: str,
     port: int,
+    grpc_port: int,
     demo_load: bool,
     demo_clients: int,
     demo_seconds: float,
@@ -74,6 +77,7 @@ def command(
     name = model_name or handler
     model = ["model-server", "--handler", handler, "--model-name", name]
     sidecar = ["sidecar", "--model-name", name, "--host", host, "--port", str(port)]
+    sidecar += ["--grpc-port", str(grpc_port)]
     model += _flags(passed, MODEL_FLAGS)
     sidecar += _flags(passed, [flag for flag, _ in BATCHING_FLAGS] + ["dispatch"])
     demo = Demo(demo_clients, demo_seconds, demo_requests) if demo_load else None

@@ -23,7 +23,7 @@ from carpool.sidecar import operations as op
 from carpool.sidecar.build import Sidecar, build_sidecar
 from carpool.sidecar.config import SidecarConfig
 from carpool.sidecar.dataplane import DataPlane
-from carpool.sidecar.errors import PayloadTooLarge, SidecarError
+from carpool.sidecar.errors import CLIENT_GONE, PayloadTooLarge, SidecarError
 from carpool.sidecar.inference import MODEL_VERSION
 from carpool.sidecar.operations import Operation
 from carpool.sidecar.supervision import supervised
@@ -31,8 +31,6 @@ from carpool.sidecar.supervision import supervised
 log = logging.getLogger(__name__)
 
 SIDECAR = web.AppKey("sidecar", Sidecar)
-# Not an HTTP status: the client went away before its answer (nginx's convention).
-CLIENT_GONE = 499
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,7 +71,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         if counted:
             # No response: the handler was cancelled because the client left.
             status = CLIENT_GONE if response is None else response.status
-            metrics.answered(status, asyncio.get_running_loop().time() - started)
+            metrics.answered(status, asyncio.get_running_loop().time() - started, "rest")
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -72,6 +72,9 @@ class SidecarConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     drain_seconds: float = DRAIN_SECONDS
     batching: BatchingSettings = dataclasses.field(default_factory=BatchingSettings)
+    # gRPC front (sidecar/grpc): port 0 turns it off; message limit None: max_body_bytes.
+    grpc_port: int = 8081
+    grpc_max_message_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -83,3 +86,11 @@ class SidecarConfig:
         _at_least("port", self.port, 0)
         _at_least("max-body-bytes", self.max_body_bytes, 1)
         _at_least("drain-seconds", self.drain_seconds, 0)
+        _at_least("grpc-port", self.grpc_port, 0)
+        if self.grpc_max_message_bytes is not None:
+            _at_least("grpc-max-message-bytes", self.grpc_max_message_bytes, 1)
+
+    @property
+    def grpc_message_limit(self) -> int:
+        """Largest gRPC message in either direction: by default the REST body limit."""
+        return self.grpc_max_message_bytes or self.max_body_bytes

@@ -6,6 +6,9 @@ that turns them into `{"error": ...}` responses.
 
 from __future__ import annotations
 
+# Not an HTTP status: the client went away before its answer (nginx's convention).
+CLIENT_GONE = 499
+
 
 class SidecarError(Exception):
     """An error a caller should see, with its HTTP status."""

@@ -17,6 +17,7 @@ from carpool.contract import pod
 from carpool.contract.batching import DISPATCH_MODES, Dispatch
 from carpool.sidecar.app import SIDECAR, create_app
 from carpool.sidecar.config import BatchingSettings, ConfigError, SidecarConfig
+from carpool.sidecar.grpc import server as grpc_server
 
 log = logging.getLogger("carpool.sidecar")
 # After the drain every accepted request has its answer; this only bounds writing them out.
@@ -48,6 +49,8 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
 @_option("max-body-bytes", int, 64 * 1024 * 1024, "largest request body (413 above)")
 @_option("drain-seconds", float, float(pod.DRAIN_SECONDS), "grace to finish queued work on SIGTERM")
+@_option("grpc-port", int, pod.GRPC_PORT, "gRPC (Open Inference Protocol) listen port, 0: off")
+@_option("grpc-max-message-bytes", int, None, "largest gRPC message [default: max-body-bytes]")
 def command(
     model_name: str | None,
     model_server: str,
@@ -63,6 +66,8 @@ def command(
     max_batch_tokens: int,
     max_body_bytes: int,
     drain_seconds: float,
+    grpc_port: int,
+    grpc_max_message_bytes: int | None,
 ) -> None:
     """Batch inference requests for a co-located model server."""
     try:
@@ -86,6 +91,8 @@ def command(
             max_body_bytes=max_body_bytes,
             drain_seconds=drain_seconds,
             batching=batching,
+            grpc_port=grpc_port,
+            grpc_max_message_bytes=grpc_max_message_bytes,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
@@ -107,13 +114,18 @@ async def serve(config: SidecarConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    batcher = app[SIDECAR].batcher
-    log.info("draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds)
-    if not await batcher.drain(config.drain_seconds):
-        log.warning("drain grace over with %d items queued", batcher.queued_items)
-        # Every caller still waiting gets 503 before the connections close.
-        await batcher.abort()
+    sidecar = app[SIDECAR]
+    # gRPC: beside REST over the same data plane; it stops once the drain has answered its calls.
+    async with grpc_server.serving(config, sidecar.dataplane, sidecar.metrics):
+        await stop.wait()
+        batcher = sidecar.batcher
+        log.info(
+            "draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds
+        )
+        if not await batcher.drain(config.drain_seconds):
+            log.warning("drain grace over with %d items queued", batcher.queued_items)
+            # Every caller still waiting gets 503 before the connections close.
+            await batcher.abort()
     await runner.cleanup()
     log.info("sidecar stopped")
     return 0

@@ -10,6 +10,8 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 # padded elements / real elements - 1: 0 means no padding, 1 means as much padding as data.
 PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+# The fronts a request can arrive by: the `protocol` label of the request metrics.
+PROTOCOLS = ("rest", "grpc")
 
 
 class SidecarMetrics:
@@ -21,15 +23,18 @@ class SidecarMetrics:
 
         self.requests = Counter(
             "carpool_requests_total",
-            "Inference requests answered, by HTTP status code.",
-            ["model", "code"],
+            "Inference requests answered, by protocol and HTTP status code (for gRPC: the "
+            "status a REST caller would have got).",
+            ["model", "protocol", "code"],
             registry=registry,
         )
-        self.request_duration = histogram(
+        self.request_duration = Histogram(
             "carpool_request_duration_seconds",
             "Time from receiving an inference request to answering it.",
-            LATENCY_BUCKETS,
-        ).labels(model)
+            ["model", "protocol"],
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.queue_wait = histogram(
             "carpool_queue_wait_seconds",
             "Time a request waited in the queue before its first items were sent, or before "
@@ -76,6 +81,8 @@ class SidecarMetrics:
             self.batches.labels(model, reason)
         for reason in ("queue_full", "deadline", "too_large", "bad_request"):
             self.rejected.labels(model, reason)
+        for protocol in PROTOCOLS:
+            self.request_duration.labels(model, protocol)
 
     def batch_sent(self, reason: str, size: int) -> None:
         self.batches.labels(self._model, reason).inc()
@@ -84,6 +91,6 @@ class SidecarMetrics:
     def reject(self, reason: str) -> None:
         self.rejected.labels(self._model, reason).inc()
 
-    def answered(self, code: int, seconds: float) -> None:
-        self.requests.labels(self._model, str(code)).inc()
-        self.request_duration.observe(seconds)
+    def answered(self, code: int, seconds: float, protocol: str) -> None:
+        self.requests.labels(self._model, protocol, str(code)).inc()
+        self.request_duration.labels(self._model, protocol).observe(seconds)

@@ -16,6 +16,8 @@ MODEL_SERVER_URL: Final = f"unix://{SOCKET_PATH}"
 CONFIG_DIR: Final = "/etc/carpool"
 CONFIG_FILE: Final = "batching.json"
 SIDECAR_PORT: Final = 8080
+# The sidecar's gRPC front (Open Inference Protocol); 0 turns it off.
+GRPC_PORT: Final = 8081
 # The model server's probe listener: health, readiness, metadata and metrics.
 METRICS_PORT: Final = 9091
 # The largest batch the model server accepts and warms up unless told otherwise.
@@ -55,3 +57,4 @@ class SidecarFlag:
     DRAIN_SECONDS: Final = "--drain-seconds"
     DRAIN_DELAY_SECONDS: Final = "--drain-delay-seconds"
     CONFIG_FILE: Final = "--config-file"
+    GRPC_PORT: Final = "--grpc-port"

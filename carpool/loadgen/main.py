@@ -29,6 +29,12 @@ DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
     "--protocol", type=click.Choice(workload.PROTOCOLS), default="oip-json", show_default=True
 )
 @click.option(
+    "--grpc-target",
+    default="127.0.0.1:8081",
+    show_default=True,
+    help="host:port of the sidecar's gRPC front, for --protocol grpc.",
+)
+@click.option(
     "--concurrency",
     type=CommaList(click.IntRange(min=1)),
     default=None,
@@ -72,6 +78,7 @@ def command(
     metrics_url: str | None,
     model_name: str | None,
     protocol: workload.Protocol,
+    grpc_target: str,
     concurrency: tuple[int, ...] | None,
     rate: tuple[float, ...] | None,
     duration: float | None,
@@ -120,6 +127,7 @@ def command(
         timeout_seconds=timeout,
         seed=seed,
         progress=not quiet,
+        grpc_target=grpc_target if protocol == "grpc" else None,
     )
     cells = asyncio.run(runner.run(settings, workload.build(spec)))
     result = report.BenchReport(

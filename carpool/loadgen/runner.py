@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import random
 import resource
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
+import grpc
 from yarl import URL
 
+from carpool.loadgen.grpc_sender import make_grpc_sender
 from carpool.loadgen.loops import LoopResult, Send, closed_loop, open_loop, poisson_arrivals
 from carpool.loadgen.progress import Progress
 from carpool.loadgen.report import CellResult, Mode
@@ -45,6 +48,8 @@ class RunSettings:
     # Poisson schedule seed, so open-loop runs are repeatable.
     seed: int = 0
     progress: bool = True
+    # The gRPC address for the `grpc` protocol (host:port); None sends over HTTP to `url`.
+    grpc_target: str | None = None
 
 
 def cpu_seconds() -> float:
@@ -128,14 +133,28 @@ def connection_limit(settings: RunSettings) -> int:
     return 1024
 
 
+@asynccontextmanager
+async def _sender(
+    settings: RunSettings, session: aiohttp.ClientSession, prepared: Sequence[PreparedRequest]
+) -> AsyncIterator[Send]:
+    """HTTP over the session, or gRPC over a channel of its own while the block runs."""
+    if settings.grpc_target is None:
+        yield make_sender(session, settings.url, prepared)
+        return
+    async with grpc.aio.insecure_channel(settings.grpc_target) as channel:
+        yield make_grpc_sender(channel, prepared, settings.timeout_seconds)
+
+
 async def run(settings: RunSettings, prepared: Sequence[PreparedRequest]) -> list[CellResult]:
     """Every cell of `settings`, in order, over one session."""
     items_per_request = sum(request.items for request in prepared) / len(prepared)
     connector = aiohttp.TCPConnector(limit=connection_limit(settings))
     timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
     cells = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        send = make_sender(session, settings.url, prepared)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        _sender(settings, session, prepared) as send,
+    ):
         if settings.warmup_seconds > 0:
             # Opens the connections and lets the server reach steady state; not recorded.
             first = settings.levels[0] if settings.mode == "concurrency" else 1

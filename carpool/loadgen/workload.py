@@ -16,11 +16,15 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-Protocol = Literal["oip-json", "oip-binary", "kserve-v1"]
-PROTOCOLS: tuple[Protocol, ...] = ("oip-json", "oip-binary", "kserve-v1")
+from carpool.sidecar.grpc.inference_pb2 import ModelInferRequest
+
+Protocol = Literal["oip-json", "oip-binary", "kserve-v1", "grpc"]
+PROTOCOLS: tuple[Protocol, ...] = ("oip-json", "oip-binary", "kserve-v1", "grpc")
 TextLength = Literal["short", "mixed", "long"]
 TEXT_LENGTHS: tuple[TextLength, ...] = ("short", "mixed", "long")
 
+# The gRPC method a "grpc" request calls (its `path`).
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Distinct bodies per workload: enough variety for the text mix, few enough to build quickly.
 DEFAULT_VARIANTS = 64
 
@@ -122,6 +126,8 @@ def encode(
 ) -> PreparedRequest:
     """Serialise one request holding `batch` (texts, or FP32 samples on axis 0)."""
     items = len(batch)
+    if protocol == "grpc":
+        return _grpc_request(model_name, input_name, batch)
     if protocol == "kserve-v1":
         instances = batch if isinstance(batch, list) else batch.tolist()
         body = orjson.dumps({"instances": instances})
@@ -156,6 +162,20 @@ def encode(
         },
         items,
     )
+
+
+def _grpc_request(
+    model_name: str, input_name: str, batch: list[str] | npt.NDArray[np.float32]
+) -> PreparedRequest:
+    """A ModelInferRequest with its data in raw_input_contents, as tritonclient sends it."""
+    request = ModelInferRequest(model_name=model_name)
+    if isinstance(batch, list):
+        request.inputs.add(name=input_name, datatype="BYTES", shape=[len(batch), 1])
+        request.raw_input_contents.append(_binary_bytes(batch))
+    else:
+        request.inputs.add(name=input_name, datatype="FP32", shape=batch.shape)
+        request.raw_input_contents.append(np.ascontiguousarray(batch, dtype="<f4").tobytes())
+    return PreparedRequest(MODEL_INFER, request.SerializeToString(), items=len(batch))
 
 
 @dataclass(frozen=True, slots=True)

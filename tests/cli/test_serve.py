@@ -24,7 +24,7 @@ def test_serve_demo_load_reports_batching() -> None:
     # the children it starts must not import our operator/ folder as the stdlib's operator.
     command = [str(Path(sys.executable).parent / "carpool"), "serve", "--handler", "toy"]
     command += ["--torch-threads", "1", "--port", str(free_port())]
-    command += ["--demo-load", "--demo-seconds", "1.5"]
+    command += ["--grpc-port", str(free_port()), "--demo-load", "--demo-seconds", "1.5"]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -38,7 +38,7 @@ def test_serve_demo_load_reports_batching() -> None:
 def test_serve_stops_both_children_on_sigterm() -> None:
     port = free_port()
     command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
-    command += ["--port", str(port), "--max-batch-size", "4"]
+    command += ["--port", str(port), "--grpc-port", str(free_port()), "--max-batch-size", "4"]
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:

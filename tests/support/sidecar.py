@@ -39,6 +39,7 @@ class Sidecar:
     url: str  # http://127.0.0.1:PORT
     model: str
     log_path: Path
+    grpc: str  # its gRPC front, 127.0.0.1:PORT (none listens if args gave --grpc-port 0)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -116,11 +117,16 @@ def run_sidecar(
     timeout_s: float = 60.0,
 ) -> Iterator[Sidecar]:
     port = free_port()
+    # A free gRPC port unless the test chose one: sidecars of one run never share 8081.
+    grpc_port = str(free_port())
+    if "--grpc-port" in args:
+        grpc_port = args[args.index("--grpc-port") + 1]
     command = processes.carpool_command("sidecar", "--model-name", model)
-    command += ["--model-server", model_url, "--port", str(port), *args]
+    command += ["--model-server", model_url, "--port", str(port), "--grpc-port", grpc_port, *args]
     log_path = tmp_path / f"sidecar-{len(list(tmp_path.glob('sidecar-*.log')))}.log"
     process = processes.spawn(command, log_path)
-    sidecar = Sidecar(process, f"http://127.0.0.1:{port}", model, log_path)
+    url = f"http://127.0.0.1:{port}"
+    sidecar = Sidecar(process, url, model, log_path, f"127.0.0.1:{grpc_port}")
     try:
         _wait_until_up(sidecar, "/v2/health/ready" if wait_ready else "/v2/health/live", timeout_s)
         yield sidecar

@@ -1,0 +1,53 @@
+"""SIGTERM with gRPC calls queued: the drain answers them, new calls are turned away."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.model_server import SUPPORT_DIR
+from support.sidecar import metric, run_pair, wait_for
+
+tritongrpc = pytest.importorskip("tritonclient.grpc")
+service_pb2 = tritongrpc.service_pb2
+service_pb2_grpc = tritongrpc.service_pb2_grpc
+
+SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.5"}
+ONE_AT_A_TIME = ("--max-batch-size", "1", "--max-inflight-batches", "1")
+
+
+def toy_request(value: float) -> Any:
+    request = service_pb2.ModelInferRequest(model_name="toy")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(np.full(4, value, dtype=np.float32).tobytes())
+    return request
+
+
+async def test_sigterm_answers_queued_calls_and_refuses_new_ones(tmp_path: Path) -> None:
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *ONE_AT_A_TIME, env=SLOW) as pair:
+        sidecar = pair.sidecar
+        async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            health = health_pb2_grpc.HealthStub(channel)
+            calls = [asyncio.ensure_future(stub.ModelInfer(toy_request(v))) for v in (1, 2, 3)]
+            await asyncio.to_thread(
+                wait_for, lambda: metric(sidecar, "carpool_queue_items") == 2, 10.0, "2 queued"
+            )
+            sidecar.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)  # the drain has begun; the queue takes ~1 s more
+            check = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            assert check.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.ModelInfer(toy_request(9))
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            answers = await asyncio.gather(*calls)
+        for value, answer in zip((1, 2, 3), answers, strict=True):
+            output = np.frombuffer(answer.raw_output_contents[0], dtype=np.float32)
+            np.testing.assert_array_equal(output, np.full(4, 2 * value + 1, dtype=np.float32))
+        assert sidecar.process.wait(15) == 0
