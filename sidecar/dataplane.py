@@ -101,12 +101,12 @@ class DataPlane:
         metadata = self.metadata()
         inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
         count = _check_inputs(inputs, metadata)
-        output_names = _output_names(request, metadata)
-        key, lengths = _batch_key(inputs, metadata)
         nbytes = sum(tensor.nbytes for tensor in inputs)
         # Before the items are cut: an oversized request costs no per-item objects.
         self.bounds().check_items(count)
         self.bounds().check_bytes(nbytes)
+        output_names = _output_names(request, metadata)
+        key, lengths = _batch_key(inputs, metadata)
         results = await self.batcher.submit(
             _items(inputs, count),
             key,

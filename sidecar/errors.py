@@ -40,7 +40,9 @@ class BadRequest(SidecarError):
 
 class BodyTimeout(SidecarError):
     status = 408
-    description = "The body stopped arriving for longer than --body-timeout-seconds."
+    description = (
+        "The body stopped arriving for --body-timeout-seconds, or was incomplete at the deadline."
+    )
     rejected_reason = "body_timeout"
     close_connection = True
 

@@ -2,8 +2,8 @@
 
 A client that stops sending mid-body (a Content-Length longer than what comes, a chunked
 body that never ends) would otherwise hold its connection and the bytes read so far for as
-long as it likes. Here each body must keep arriving (`idle_s` between chunks), must be
-complete by the request's deadline, and all bodies being read at once hold at most
+long as it likes. Here each body must keep arriving (`idle_s` between chunks) and be
+complete by the request's deadline (else 408), and all bodies being read at once hold at most
 `max_reading_bytes`: past that, new requests are refused before their bodies are read, and
 a body still arriving is cut short.
 """
@@ -14,7 +14,7 @@ import asyncio
 
 from aiohttp import StreamReader
 
-from carpool.sidecar.errors import BodyTimeout, DeadlineExceeded, PayloadTooLarge, Unavailable
+from carpool.sidecar.errors import BodyTimeout, PayloadTooLarge, Unavailable
 
 # What a refused caller is told to wait: bodies being read finish or time out within seconds.
 BUSY_RETRY_AFTER_S = 1
@@ -50,8 +50,9 @@ async def read_body(
     """The whole body; `declared` is its Content-Length, `deadline` loop time.
 
     Raises PayloadTooLarge (before reading, when the declared length says so), BodyTimeout
-    when nothing arrives for `idle_s`, DeadlineExceeded at the deadline, Unavailable when
-    the budget is spent; all but an Unavailable before the first byte close the connection.
+    when nothing arrives for `idle_s` or the body is incomplete at the deadline, Unavailable
+    when the budget is spent; all but an Unavailable before the first byte close the
+    connection.
     """
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(
@@ -68,10 +69,10 @@ async def read_body(
                 async with asyncio.timeout_at(min(idle_until, deadline)):
                     chunk = await content.readany()
             except TimeoutError:
+                # 408 either way: the request itself did not arrive in time.
                 if deadline <= idle_until:
-                    raise DeadlineExceeded(
-                        f"deadline passed with {len(body)} bytes of the body read",
-                        close_connection=True,
+                    raise BodyTimeout(
+                        f"the request's deadline passed with {len(body)} bytes of the body read"
                     ) from None
                 raise BodyTimeout(
                     f"no body bytes for {idle_s:g} s after {len(body)} bytes"

@@ -1,7 +1,7 @@
 """Bodies that stall: short of their Content-Length, or chunked and never ended.
 
 What is promised (`stalled_body.broken_promises`): a short body gets 408 after the body
-timeout, a trickling one 504 by its deadline (or either 503 once the bodies being read hold
+timeout, a trickling one 408 at its deadline (or either 503 once the bodies being read hold
 --max-reading-bytes), each within its deadline plus 1 s and with its connection closed; the
 sidecar's RSS grows by at most that cap plus 32 MiB; a good client meanwhile gets only
 correct 200s or 503s with Retry-After, each within 1 s, and 200s after the stalls.
