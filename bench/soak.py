@@ -33,6 +33,12 @@ SCENARIOS = {
     "poison": "test_poison.py::test_poison_in_a_shared_batch_fails_only_its_caller",
     "cancellation": "test_cancellation.py::test_callers_who_hang_up_leave_no_trace",
     "shutdown": "test_shutdown.py::test_sigterm_under_load_answers_everything_accepted",
+    "oversized": "test_oversized.py::"
+    "test_an_oversized_request_is_refused_at_once_and_harms_no_neighbour",
+    "stalled_body": "test_stalled_body.py::"
+    "test_stalled_bodies_are_answered_by_their_timeouts_in_bounded_memory",
+    "protocol_edges": "test_protocol_edges.py::"
+    "test_protocol_edges_meet_what_kserve_and_triton_clients_expect",
     "operator": "test_operator_faults.py::"
     "test_operator_converges_through_api_faults_and_resyncs_without_writes",
 }

@@ -14,16 +14,16 @@ from importlib.metadata import version
 from typing import cast
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from carpool.contract.metadata import TensorSpec
-from carpool.sidecar import bodies, headers, kserve_v1, oip, openapi
+from carpool.sidecar import bodies, headers, kserve_v1, oip, openapi, reading
 from carpool.sidecar import operations as op
 from carpool.sidecar.build import Sidecar, build_sidecar
 from carpool.sidecar.config import SidecarConfig
 from carpool.sidecar.dataplane import DataPlane
-from carpool.sidecar.errors import CLIENT_GONE, PayloadTooLarge, SidecarError
+from carpool.sidecar.errors import CLIENT_GONE, SidecarError
 from carpool.sidecar.inference import MODEL_VERSION
 from carpool.sidecar.operations import Operation
 from carpool.sidecar.supervision import supervised
@@ -60,6 +60,8 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
             if error.rejected_reason is not None:
                 metrics.reject(error.rejected_reason)
             response = error_response(error.status, error.message, error.headers)
+            if error.close_connection:
+                response.force_close()
         except web.HTTPException as error:
             # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
             response = error_response(error.status, error.reason)
@@ -74,12 +76,16 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
             metrics.answered(status, asyncio.get_running_loop().time() - started, "rest")
 
 
-async def read_body(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as error:
-        limit = request.app[SIDECAR].config.max_body_bytes
-        raise PayloadTooLarge(f"body larger than the limit of {limit} bytes") from error
+async def read_body(request: web.Request, deadline: float) -> bytearray:
+    sidecar = request.app[SIDECAR]
+    return await reading.read_body(
+        request.content,
+        request.content_length,
+        max_bytes=sidecar.config.max_body_bytes,
+        budget=sidecar.reading,
+        idle_s=sidecar.config.body_timeout_s,
+        deadline=deadline,
+    )
 
 
 def check_model(request: web.Request) -> DataPlane:
@@ -108,9 +114,10 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
     # The deadline counts from here, not from when the body has been read and parsed.
     arrived_at = asyncio.get_running_loop().time()
     dataplane = check_model(request)
-    body = await read_body(request)
-    infer_request = oip.parse_request(body, headers.json_header_length(request.headers))
     timeout_ms = headers.timeout_ms(request.headers)
+    header_length = headers.json_header_length(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    infer_request = oip.parse_request(body, header_length, dataplane.bounds())
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
     parts, extra = oip.encode_response(response)
     return await write_parts(request, parts, extra)
@@ -119,9 +126,9 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
 async def v1_predict(request: web.Request) -> web.Response:
     arrived_at = asyncio.get_running_loop().time()
     dataplane = check_model(request)
-    body = await read_body(request)
-    infer_request = kserve_v1.parse_request(body, dataplane.metadata())
     timeout_ms = headers.timeout_ms(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    infer_request = kserve_v1.parse_request(body, dataplane.metadata(), dataplane.bounds())
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
     return web.Response(body=kserve_v1.encode_response(response), content_type="application/json")
 
@@ -130,6 +137,11 @@ async def live(request: web.Request) -> web.Response:
     # Not live once a background task has died: the kubelet restarts the container.
     is_live = request.app[SIDECAR].dataplane.live
     return json_response(bodies.Live(live=is_live), status=200 if is_live else 503)
+
+
+async def v1_live(request: web.Request) -> web.Response:
+    # KServe v1 clients check liveness at the root; this answers while the process does.
+    return json_response(bodies.V1Live(status="alive"))
 
 
 async def ready(request: web.Request) -> web.Response:
@@ -188,6 +200,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 # (method, path, handler, what it takes and answers, route name)
 ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
+    ("GET", "/", v1_live, op.V1_LIVE, None),
     ("GET", "/v2/health/live", live, op.LIVE, None),
     ("GET", "/v2/health/ready", ready, op.READY, None),
     ("GET", "/v2", server_metadata, op.SERVER_METADATA, None),
@@ -214,11 +227,22 @@ async def background(app: web.Application) -> AsyncIterator[None]:
     await sidecar.client.close()
 
 
+async def close_when_stopping(request: web.Request, response: web.StreamResponse) -> None:
+    """From SIGTERM on, every answer says Connection: close, so keep-alive clients reconnect
+    (elsewhere) rather than reuse a connection that is about to close."""
+    if request.app[SIDECAR].dataplane.stopping:
+        response.force_close()
+        # The hook runs after aiohttp wrote the Connection header from keep_alive.
+        response.headers[hdrs.CONNECTION] = "close"
+
+
 async def create_app(config: SidecarConfig, registry: CollectorRegistry) -> web.Application:
     """The sidecar app; its background tasks start and stop with it."""
+    # Bodies are read by `reading.read_body`, which enforces max_body_bytes itself.
     app = web.Application(middlewares=[errors_and_metrics], client_max_size=config.max_body_bytes)
     app[SIDECAR] = build_sidecar(config, registry)
     app.cleanup_ctx.append(background)
+    app.on_response_prepare.append(close_when_stopping)
     for method, path, handler, _, name in ROUTES:
         app.router.add_route(method, path, handler, name=name)
     return app

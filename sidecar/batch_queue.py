@@ -65,6 +65,7 @@ class BatchQueue:
         self._on_change = on_change
         self._groups: dict[BatchKey, Group] = {}
         self.items = 0  # unsent items of waiting requests, across groups
+        self.bytes = 0  # data of requests with unsent items, across groups
 
     def groups(self) -> Iterator[Group]:
         """The groups with a request still waiting."""
@@ -76,6 +77,7 @@ class BatchQueue:
             group = self._groups[request.key] = Group(request.key)
         group.push(request)
         self._count(len(request.items))
+        self.bytes += request.queued_bytes
         request.future.add_done_callback(lambda _: self._forget(request, group))
 
     def take(self, group: Group, room: int, now: float) -> list[Part]:
@@ -96,6 +98,7 @@ class BatchQueue:
             self._count(-count)
             if request.unsent == 0:
                 heapq.heappop(group.heap)
+                self._release(request)
         if group.items <= 0:
             del self._groups[group.key]
         return parts
@@ -110,12 +113,18 @@ class BatchQueue:
         self.items += change
         self._metrics.queue_items.set(self.items)
 
+    def _release(self, request: PendingRequest) -> None:
+        """Its bytes no longer count against maxQueueBytes; once, however it leaves."""
+        self.bytes -= request.queued_bytes
+        request.queued_bytes = 0
+
     def _forget(self, request: PendingRequest, group: Group) -> None:
         """A finished request gives back the queue room of items it never sent; a group
         left without waiting requests goes, with whatever it still holds."""
         if request.sent == 0:
             # Left the queue unsent (expired, cancelled, shut down): its wait shows overload.
             self._metrics.queue_wait.observe(request.future.get_loop().time() - request.enqueued_at)
+        self._release(request)
         unsent = request.unsent
         request.sent = len(request.items)
         if unsent:

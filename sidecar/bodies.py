@@ -29,6 +29,10 @@ class Live(TypedDict):
     live: bool
 
 
+class V1Live(TypedDict):
+    status: str
+
+
 class Ready(TypedDict):
     ready: bool
 

@@ -16,6 +16,7 @@ from carpool.sidecar.engine import Batcher
 from carpool.sidecar.forwarder import ModelServerForwarder
 from carpool.sidecar.health import ModelState
 from carpool.sidecar.metrics import SidecarMetrics
+from carpool.sidecar.reading import ReadingBudget
 from carpool.sidecar.reload import SettingsFile
 
 
@@ -31,6 +32,7 @@ class Sidecar:
     batcher: Batcher
     dataplane: DataPlane
     settings_file: SettingsFile | None
+    reading: ReadingBudget
 
     def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The background tasks, by name; each runs until cancelled."""
@@ -60,4 +62,7 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
         settings_file = SettingsFile(Path(config.config_file), config.batching, batcher)
         settings_file.load(settings_file.read())
     dataplane = DataPlane(config.model_name, batcher, state)
-    return Sidecar(config, registry, metrics, client, state, batcher, dataplane, settings_file)
+    reading = ReadingBudget(config.max_reading_bytes)
+    return Sidecar(
+        config, registry, metrics, client, state, batcher, dataplane, settings_file, reading
+    )

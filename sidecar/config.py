@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import orjson
 
 from carpool.contract.batching import KNOB_BY_KEY, KNOBS, Batching
-from carpool.contract.pod import DRAIN_SECONDS, SIDECAR_PORT
+from carpool.contract.pod import DRAIN_DELAY_SECONDS, DRAIN_SECONDS, GRPC_PORT, SIDECAR_PORT
 
 
 class ConfigError(ValueError):
@@ -70,10 +70,15 @@ class SidecarConfig:
     port: int = SIDECAR_PORT
     config_file: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
+    # A body that sends nothing for this long gets 408 and its connection closed.
+    body_timeout_s: float = 10.0
+    # Bytes of bodies being read, across connections, beyond which new requests get 503.
+    max_reading_bytes: int = 256 * 1024 * 1024
     drain_seconds: float = DRAIN_SECONDS
+    drain_delay_seconds: float = DRAIN_DELAY_SECONDS
     batching: BatchingSettings = dataclasses.field(default_factory=BatchingSettings)
     # gRPC front (sidecar/grpc): port 0 turns it off; message limit None: max_body_bytes.
-    grpc_port: int = 8081
+    grpc_port: int = GRPC_PORT
     grpc_max_message_bytes: int | None = None
 
     def __post_init__(self) -> None:
@@ -85,7 +90,10 @@ class SidecarConfig:
             )
         _at_least("port", self.port, 0)
         _at_least("max-body-bytes", self.max_body_bytes, 1)
+        _at_least("body-timeout-seconds", self.body_timeout_s, 0.001)
+        _at_least("max-reading-bytes", self.max_reading_bytes, 1)
         _at_least("drain-seconds", self.drain_seconds, 0)
+        _at_least("drain-delay-seconds", self.drain_delay_seconds, 0)
         _at_least("grpc-port", self.grpc_port, 0)
         if self.grpc_max_message_bytes is not None:
             _at_least("grpc-max-message-bytes", self.grpc_max_message_bytes, 1)

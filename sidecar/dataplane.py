@@ -7,13 +7,15 @@ group (BatchKey) and deadline, awaits the results and stacks them back into whol
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
-from carpool.contract.wire import Item, ItemResult, Tensor
+from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
+from carpool.sidecar.bounds import RequestBounds
 from carpool.sidecar.engine import Batcher
 from carpool.sidecar.errors import (
     BadModelResponse,
@@ -44,6 +46,8 @@ class DataPlane:
         self.state = state
         # Why the sidecar cannot serve any more (a background task died), else None.
         self.broken: str | None = None
+        # SIGTERM came: not ready, and every answer closes its connection.
+        self.stopping = False
 
     @property
     def live(self) -> bool:
@@ -51,7 +55,11 @@ class DataPlane:
 
     @property
     def ready(self) -> bool:
-        return self.live and self.state.ready and not self.batcher.draining
+        return self.live and self.state.ready and not self.stopping and not self.batcher.draining
+
+    def stop_soon(self) -> None:
+        """Turn not ready and close connections after their answers, still serving."""
+        self.stopping = True
 
     def mark_broken(self, reason: str) -> None:
         """Stop serving for good: not live, not ready, every request 503."""
@@ -73,43 +81,69 @@ class DataPlane:
             raise Unavailable("model server is not ready")
         return metadata
 
+    def bounds(self) -> RequestBounds:
+        """What one request may hold, for the codecs to check before converting its data."""
+        return self.batcher.bounds
+
+    def deadline(self, arrived_at: float, *timeouts_ms: float | None) -> float:
+        """Loop time by which a request that arrived at `arrived_at` is answered: the
+        shortest of the configured timeout and those the caller gave."""
+        timeout_ms = min(
+            value for value in (self.batcher.settings.timeout_ms, *timeouts_ms) if value is not None
+        )
+        return arrived_at + timeout_ms / 1000
+
     async def infer(
         self, request: InferRequest, header_timeout_ms: float | None, arrived_at: float
     ) -> InferResponse:
         """Answer `request`; its deadline counts from `arrived_at` (loop time), before the
         body was read and parsed."""
         metadata = self.metadata()
-        count = _check_inputs(request, metadata)
+        inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
+        count = _check_inputs(inputs, metadata)
+        nbytes = sum(tensor.nbytes for tensor in inputs)
+        # Before the items are cut: an oversized request costs no per-item objects.
+        self.bounds().check_items(count)
+        self.bounds().check_bytes(nbytes)
         output_names = _output_names(request, metadata)
-        key, lengths = _batch_key(request.inputs, metadata)
-        settings = self.batcher.settings
-        timeout_ms = min(
-            value
-            for value in (settings.timeout_ms, request.timeout_ms, header_timeout_ms)
-            if value is not None
-        )
+        key, lengths = _batch_key(inputs, metadata)
         results = await self.batcher.submit(
-            _items(request.inputs, count),
+            _items(inputs, count),
             key,
-            arrived_at + timeout_ms / 1000,
+            self.deadline(arrived_at, request.timeout_ms, header_timeout_ms),
             priority=request.priority,
             lengths=lengths,
+            nbytes=nbytes,
         )
         outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
         binary = _binary_outputs(request, output_names)
         return InferResponse(self.model_name, request.id, outputs, binary)
 
 
-def _check_inputs(request: InferRequest, metadata: ModelMetadata) -> int:
+def _as_column(tensor: RequestTensor, metadata: ModelMetadata) -> RequestTensor:
+    """Text shaped [n] for a model that takes [-1, 1], as [n, 1] (as KServe's and MLServer's
+    text runtimes accept it)."""
+    spec = metadata.input(tensor.name)
+    if (
+        spec is not None
+        and tensor.datatype == BYTES
+        and spec.shape == (1,)
+        and len(tensor.shape) == 1
+    ):
+        return dataclasses.replace(tensor, shape=(tensor.items, 1))
+    return tensor
+
+
+def _check_inputs(inputs: Sequence[RequestTensor], metadata: ModelMetadata) -> int:
     """The request's item count, after checking its inputs against the model's."""
-    given = {tensor.name for tensor in request.inputs}
-    if len(given) != len(request.inputs):
+    given = {tensor.name for tensor in inputs}
+    if len(given) != len(inputs):
         raise BadRequest("an input name appears twice")
     missing = [spec.name for spec in metadata.inputs if spec.name not in given]
     if missing:
         raise BadRequest(f"missing inputs {missing}; the model takes {_names(metadata.inputs)}")
-    count = request.inputs[0].items
-    for tensor in request.inputs:
+    count = inputs[0].items
+    for tensor in inputs:
         spec = metadata.input(tensor.name)
         if spec is None:
             raise BadRequest(
@@ -130,7 +164,7 @@ def _check_inputs(request: InferRequest, metadata: ModelMetadata) -> int:
             )
         if tensor.items != count:
             raise BadRequest(
-                f"inputs disagree on the batch dimension: {request.inputs[0].name!r} has {count}, "
+                f"inputs disagree on the batch dimension: {inputs[0].name!r} has {count}, "
                 f"{tensor.name!r} has {tensor.items}"
             )
     return count

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from carpool.contract.wire import Item, ItemResult
 from carpool.sidecar import execution
 from carpool.sidecar.batch_queue import BatchQueue
+from carpool.sidecar.bounds import RequestBounds
 from carpool.sidecar.config import BatchingSettings
-from carpool.sidecar.errors import DeadlineExceeded, PayloadTooLarge, QueueFull, Unavailable
+from carpool.sidecar.errors import DeadlineExceeded, QueueFull, Unavailable
 from carpool.sidecar.execution import BatchSender
 from carpool.sidecar.metrics import SidecarMetrics
 from carpool.sidecar.pending import BatchKey, Part, PendingRequest
@@ -51,6 +52,11 @@ class Batcher:
         return self._limits.settings
 
     @property
+    def bounds(self) -> RequestBounds:
+        """What one request may hold (maxQueueItems, maxQueueBytes)."""
+        return RequestBounds(self.settings.max_queue_items, self.settings.max_queue_bytes)
+
+    @property
     def draining(self) -> bool:
         return self._draining
 
@@ -80,28 +86,34 @@ class Batcher:
         *,
         priority: int = 0,
         lengths: Sequence[int] | None = None,
+        nbytes: int = 0,
     ) -> list[ItemResult]:
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
         `deadline` is in loop time; `lengths` are the items' lengths when they vary (for the
-        padding metric). Cancelling the caller (client gone) cancels its entry; its unsent
-        items are then never sent.
+        padding metric); `nbytes` is what their data holds. Cancelling the caller (client
+        gone) cancels its entry; its unsent items are then never sent.
         """
         if self._draining:
             raise Unavailable("the sidecar is shutting down")
-        count, limit = len(items), self.settings.max_queue_items
-        if count > limit:
-            raise PayloadTooLarge(f"request has {count} items, more than maxQueueItems {limit}")
-        if self._queue.items + count > limit:
+        count, limit, byte_limit = len(items), self.bounds.max_items, self.bounds.max_bytes
+        self.bounds.check_items(count)
+        self.bounds.check_bytes(nbytes)
+        if self._queue.items + count > limit or self._queue.bytes + nbytes > byte_limit:
             raise QueueFull(
-                f"queue full: {self._queue.items} items queued, limit {limit}",
+                f"queue full: {self._queue.items} items ({self._queue.bytes} bytes) queued, "
+                f"limits {limit} items and {byte_limit} bytes",
                 self.retry_after_s(),
             )
         now = self._loop.time()
+        if deadline <= now:
+            # Reading and parsing the body took the whole deadline.
+            raise DeadlineExceeded("deadline passed before the request was queued")
         self._seq += 1
         request = PendingRequest(
-            items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths
-        )
+            items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
+            nbytes,
+        )  # fmt: skip
         request.results = [None] * count
         self._queue.push(request)
         self._idle.clear()
@@ -110,7 +122,10 @@ class Batcher:
             async with asyncio.timeout_at(deadline):
                 return await request.future
         except TimeoutError:
-            raise DeadlineExceeded(f"deadline of {1000 * (deadline - now):.0f} ms passed") from None
+            waited_ms = 1000 * (self._loop.time() - now)
+            raise DeadlineExceeded(
+                f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
+            ) from None
 
     async def run(self) -> None:
         """The dispatcher: runs until cancelled, then fails whatever is left with 503."""

@@ -18,17 +18,36 @@ class SidecarError(Exception):
     description = "A bug in the sidecar (details in its log), or the model failed on an item."
     # The `carpool_rejected_total` reason this error counts as, if it is a rejection.
     rejected_reason: str | None = None
+    # Whether the answer closes the connection: the rest of its body is never read.
+    close_connection = False
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        close_connection: bool | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        if close_connection is not None:
+            self.close_connection = close_connection
 
 
 class BadRequest(SidecarError):
     status = 400
     description = "Malformed request, or an item the model refused as invalid."
     rejected_reason = "bad_request"
+
+
+class BodyTimeout(SidecarError):
+    status = 408
+    description = (
+        "The body stopped arriving for --body-timeout-seconds, or was incomplete at the deadline."
+    )
+    rejected_reason = "body_timeout"
+    close_connection = True
 
 
 class ModelNotFound(SidecarError):
@@ -38,7 +57,8 @@ class ModelNotFound(SidecarError):
 
 class PayloadTooLarge(SidecarError):
     status = 413
-    description = "Body above --max-body-bytes, or more items than maxQueueItems."
+    description = "Body above --max-body-bytes, or more items than maxQueueItems or more "
+    "bytes than maxQueueBytes."
     rejected_reason = "too_large"
 
 

@@ -15,18 +15,29 @@ import numpy as np
 import orjson
 
 from carpool.contract.metadata import ModelMetadata
-from carpool.contract.wire import BYTES
+from carpool.contract.wire import BYTES, NUMPY_DTYPES
+from carpool.sidecar.bounds import RequestBounds
 from carpool.sidecar.errors import BadRequest
 from carpool.sidecar.inference import InferRequest, InferResponse
 from carpool.sidecar.oip import loads
 from carpool.sidecar.tensors import RequestTensor, from_json, json_values
 
+# BF16 travels as uint16 words but is given as floats.
+INTEGER_DATATYPES = frozenset(
+    name for name, dtype in NUMPY_DTYPES.items() if dtype.kind in "iu" and name != "BF16"
+)
 
-def parse_request(body: bytes, metadata: ModelMetadata) -> InferRequest:
+
+def parse_request(
+    body: bytes | bytearray, metadata: ModelMetadata, bounds: RequestBounds
+) -> InferRequest:
+    """The request in `body`; its instance count is checked against `bounds` before the
+    instances are converted."""
     document = loads(body)
     instances = document.get("instances") if isinstance(document, dict) else None
     if not isinstance(instances, list) or not instances:
         raise BadRequest("body must be an object with a non-empty 'instances' list")
+    bounds.check_items(len(instances))
     if len(metadata.inputs) != 1:
         raise BadRequest(
             f"v1 predict needs a model with one input; this one takes {len(metadata.inputs)}"
@@ -35,6 +46,9 @@ def parse_request(body: bytes, metadata: ModelMetadata) -> InferRequest:
     try:
         # Converted once: from_json takes the array as it is.
         array = np.asarray(instances, dtype=object if spec.datatype == BYTES else None)
+        if array.dtype.kind == "f" and spec.datatype in INTEGER_DATATYPES:
+            # Exact integers across the whole range: from_json checks them one by one.
+            array = np.asarray(instances, dtype=object)
     except (ValueError, TypeError) as error:
         raise BadRequest(f"instances are not a regular array: {error}") from error
     shape = array.shape

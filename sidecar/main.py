@@ -13,8 +13,8 @@ import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from carpool.contract import pod
 from carpool.contract.batching import DISPATCH_MODES, Dispatch
+from carpool.contract.pod import MODEL_SERVER_URL
 from carpool.sidecar.app import SIDECAR, create_app
 from carpool.sidecar.config import BatchingSettings, ConfigError, SidecarConfig
 from carpool.sidecar.grpc import server as grpc_server
@@ -23,6 +23,7 @@ log = logging.getLogger("carpool.sidecar")
 # After the drain every accepted request has its answer; this only bounds writing them out.
 SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULTS = BatchingSettings()
+CONFIG = SidecarConfig(model_name="-", model_server=MODEL_SERVER_URL)
 F = TypeVar("F", bound=Callable[..., None])
 
 
@@ -36,20 +37,24 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 
 @click.command("sidecar")
 @_option("model-name", str, None, "model name served in URLs (required)")
-@_option("model-server", str, pod.MODEL_SERVER_URL, "unix://PATH or http://HOST:PORT")
-@_option("host", str, "127.0.0.1", "listen address (0.0.0.0 in pods)")
-@_option("port", int, pod.SIDECAR_PORT, "listen port")
+@_option("model-server", str, MODEL_SERVER_URL, "unix://PATH or http://HOST:PORT")
+@_option("host", str, CONFIG.host, "listen address (0.0.0.0 in pods)")
+@_option("port", int, CONFIG.port, "listen port")
 @_option("config-file", click.Path(dir_okay=False), None, "batching settings JSON, live reload")
 @_option("max-batch-size", int, DEFAULTS.max_batch_size, "items per batch, at most")
 @_option("max-wait-ms", float, DEFAULTS.max_wait_ms, "longest a batch waits from its first item")
 @_option("max-inflight-batches", int, DEFAULTS.max_inflight_batches, "batches at the model at once")
 @_option("max-queue-items", int, DEFAULTS.max_queue_items, "queued items before 429")
+@_option("max-queue-bytes", int, DEFAULTS.max_queue_bytes, "queued tensor bytes before 429")
 @_option("timeout-ms", float, DEFAULTS.timeout_ms, "default and longest per-request deadline")
 @_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "adaptive: no wait when idle")
 @_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
-@_option("max-body-bytes", int, 64 * 1024 * 1024, "largest request body (413 above)")
-@_option("drain-seconds", float, float(pod.DRAIN_SECONDS), "grace to finish queued work on SIGTERM")
-@_option("grpc-port", int, pod.GRPC_PORT, "gRPC (Open Inference Protocol) listen port, 0: off")
+@_option("max-body-bytes", int, CONFIG.max_body_bytes, "largest request body (413 above)")
+@_option("body-timeout-seconds", float, CONFIG.body_timeout_s, "body idle this long: 408")
+@_option("max-reading-bytes", int, CONFIG.max_reading_bytes, "bodies being read: 503 above")
+@_option("drain-seconds", float, CONFIG.drain_seconds, "grace to finish queued work on SIGTERM")
+@_option("drain-delay-seconds", float, CONFIG.drain_delay_seconds, "not ready, still serving")
+@_option("grpc-port", int, CONFIG.grpc_port, "gRPC (Open Inference Protocol) listen port, 0: off")
 @_option("grpc-max-message-bytes", int, None, "largest gRPC message [default: max-body-bytes]")
 def command(
     model_name: str | None,
@@ -61,11 +66,15 @@ def command(
     max_wait_ms: float,
     max_inflight_batches: int,
     max_queue_items: int,
+    max_queue_bytes: int,
     timeout_ms: float,
     dispatch: Dispatch,
     max_batch_tokens: int,
     max_body_bytes: int,
+    body_timeout_seconds: float,
+    max_reading_bytes: int,
     drain_seconds: float,
+    drain_delay_seconds: float,
     grpc_port: int,
     grpc_max_message_bytes: int | None,
 ) -> None:
@@ -78,6 +87,7 @@ def command(
             max_wait_ms=max_wait_ms,
             max_inflight_batches=max_inflight_batches,
             max_queue_items=max_queue_items,
+            max_queue_bytes=max_queue_bytes,
             timeout_ms=timeout_ms,
             dispatch=dispatch,
             max_batch_tokens=max_batch_tokens,
@@ -89,7 +99,10 @@ def command(
             port=port,
             config_file=config_file,
             max_body_bytes=max_body_bytes,
+            body_timeout_s=body_timeout_seconds,
+            max_reading_bytes=max_reading_bytes,
             drain_seconds=drain_seconds,
+            drain_delay_seconds=drain_delay_seconds,
             batching=batching,
             grpc_port=grpc_port,
             grpc_max_message_bytes=grpc_max_message_bytes,
@@ -101,10 +114,18 @@ def command(
 
 
 async def serve(config: SidecarConfig) -> int:
-    """Serve until SIGTERM/SIGINT, then drain: nothing accepted is lost within the grace."""
+    """Serve until SIGTERM/SIGINT; then not ready but serving for the drain delay, then
+    closed to new connections and drained: nothing sent before the port closed is lost."""
     app = await create_app(config, CollectorRegistry())
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        # After an early answer (413, 408) the rest of a body is read and dropped for this
+        # long before the connection closes, so a client still sending sees the answer, not
+        # a reset; a stalled body holds its connection no longer than its timeout.
+        lingering_time=config.body_timeout_s,
     )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
@@ -118,6 +139,15 @@ async def serve(config: SidecarConfig) -> int:
     # gRPC: beside REST over the same data plane; it stops once the drain has answered its calls.
     async with grpc_server.serving(config, sidecar.dataplane, sidecar.metrics):
         await stop.wait()
+        # Not ready at once, but serving on: endpoints and load balancers take a while to stop
+        # sending, and a request that finds the port closed is lost.
+        sidecar.dataplane.stop_soon()
+        log.info(
+            "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
+        )
+        await asyncio.sleep(config.drain_delay_seconds)
+        # Open connections stay; each answers with Connection: close from the SIGTERM on.
+        await site.stop()
         batcher = sidecar.batcher
         log.info(
             "draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds
@@ -126,6 +156,7 @@ async def serve(config: SidecarConfig) -> int:
             log.warning("drain grace over with %d items queued", batcher.queued_items)
             # Every caller still waiting gets 503 before the connections close.
             await batcher.abort()
+    # Closes idle keep-alive connections and waits for the answers still being written.
     await runner.cleanup()
     log.info("sidecar stopped")
     return 0

@@ -79,7 +79,7 @@ class SidecarMetrics:
         # Create every labelled child up front so dashboards see zeros, not gaps.
         for reason in ("full", "timeout", "idle", "drain"):
             self.batches.labels(model, reason)
-        for reason in ("queue_full", "deadline", "too_large", "bad_request"):
+        for reason in ("queue_full", "deadline", "too_large", "bad_request", "body_timeout"):
             self.rejected.labels(model, reason)
         for protocol in PROTOCOLS:
             self.request_duration.labels(model, protocol)

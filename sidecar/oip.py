@@ -7,11 +7,13 @@ order. A binary response is laid out the same way and says so in the same header
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from carpool.contract.wire import DATATYPES
+from carpool.sidecar.bounds import UNBOUNDED, RequestBounds, declared_bytes
 from carpool.sidecar.errors import BadRequest
 from carpool.sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool.sidecar.tensors import RequestTensor, binary_bytes, from_binary, from_json, json_values
@@ -19,14 +21,18 @@ from carpool.sidecar.tensors import RequestTensor, binary_bytes, from_binary, fr
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def loads(body: bytes | memoryview) -> Any:
+def loads(body: bytes | bytearray | memoryview) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as error:
         raise BadRequest(f"body is not valid JSON: {error}") from error
 
 
-def parse_request(body: bytes, header_length: int | None) -> InferRequest:
+def parse_request(
+    body: bytes | bytearray, header_length: int | None, bounds: RequestBounds = UNBOUNDED
+) -> InferRequest:
+    """The request in `body`; its declared items and bytes are checked against `bounds`
+    before any tensor data is converted."""
     view = memoryview(body)
     if header_length is None:
         header_length = len(body)
@@ -39,10 +45,15 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
     raw_inputs = document.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
+    declared = [_declare(raw) for raw in raw_inputs]
+    bounds.check_items(max(each.shape[0] for each in declared))
+    bounds.check_bytes(
+        sum(declared_bytes(each.datatype, each.shape, each.binary_size) for each in declared)
+    )
     offset = header_length
     inputs = []
-    for raw in raw_inputs:
-        tensor, offset = _input(raw, view, offset)
+    for each, raw in zip(declared, raw_inputs, strict=True):
+        tensor, offset = _convert(each, raw, view, offset)
         inputs.append(tensor)
     if offset != len(body):
         raise BadRequest(f"{len(body) - offset} bytes of binary data belong to no input")
@@ -56,7 +67,17 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
     )
 
 
-def _input(raw: Any, body: memoryview, offset: int) -> tuple[RequestTensor, int]:
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    """An input as its JSON header declares it, before its data is looked at."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    binary_size: int | None
+
+
+def _declare(raw: Any) -> _Declared:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise BadRequest("each input must be an object with a 'name'")
     name: str = raw["name"]
@@ -72,16 +93,25 @@ def _input(raw: Any, body: memoryview, offset: int) -> tuple[RequestTensor, int]
         raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
     if shape[0] == 0:
         raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
-    dims = tuple(shape)
     size = _parameters(raw, f"input {name!r}").get("binary_data_size")
     if size is None:
         if "data" not in raw:
             raise BadRequest(f"input {name!r}: neither 'data' nor binary_data_size")
+    elif not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise BadRequest(f"input {name!r}: binary_data_size must be a byte count, got {size!r}")
+    return _Declared(name, datatype, tuple(shape), size)
+
+
+def _convert(
+    declared: _Declared, raw: dict[str, Any], body: memoryview, offset: int
+) -> tuple[RequestTensor, int]:
+    name, datatype, dims, size = (
+        declared.name, declared.datatype, declared.shape, declared.binary_size
+    )  # fmt: skip
+    if size is None:
         return RequestTensor(
             name, datatype, dims, from_json(name, datatype, dims, raw["data"])
         ), offset
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise BadRequest(f"input {name!r}: binary_data_size must be a byte count, got {size!r}")
     if offset + size > len(body):
         raise BadRequest(f"input {name!r}: binary_data_size {size} runs past the body")
     data = from_binary(name, datatype, dims, body[offset : offset + size])

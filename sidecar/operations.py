@@ -14,6 +14,7 @@ from carpool.sidecar import bodies
 from carpool.sidecar.errors import (
     BadModelResponse,
     BadRequest,
+    BodyTimeout,
     DeadlineExceeded,
     ModelNotFound,
     PayloadTooLarge,
@@ -74,6 +75,7 @@ JSON_HEADER_LENGTH = Parameter(
 INFER_ERRORS = (
     BadRequest,
     ModelNotFound,
+    BodyTimeout,
     PayloadTooLarge,
     QueueFull,
     SidecarError,
@@ -88,6 +90,7 @@ READY = Operation(
     bodies.Ready,
     probe=True,
 )
+V1_LIVE = Operation("KServe v1 liveness: alive while the process answers.", bodies.V1Live)
 SERVER_METADATA = Operation("Server metadata.", bodies.ServerMetadata)
 MODEL_METADATA = Operation("Model metadata.", bodies.ModelMetadata, (ModelNotFound, Unavailable))
 MODEL_READY = Operation("Model readiness.", bodies.ModelReady, (ModelNotFound,), probe=True)

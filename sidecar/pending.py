@@ -40,6 +40,8 @@ class PendingRequest:
     seq: int
     # Per-item lengths of variable-length items (padding is measured on them).
     lengths: Sequence[int] | None = None
+    # Bytes of its data the queue counts against maxQueueBytes until it leaves the queue.
+    queued_bytes: int = 0
     sent: int = 0
     answered: int = 0
     results: list[ItemResult | None] = field(default_factory=list)

@@ -39,6 +39,13 @@ class RequestTensor:
     def items(self) -> int:
         return self.shape[0]
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its data; BYTES elements as in the binary extension, with prefixes."""
+        if isinstance(self.data, list):
+            return sum(map(len, self.data)) + _LENGTH.size * len(self.data)
+        return int(self.data.nbytes)
+
 
 def element_count(shape: Sequence[int]) -> int:
     return math.prod(shape)
@@ -69,6 +76,9 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Ar
     if dtype.kind == "b":
         _require_kind(name, datatype, raw, "b")
     elif dtype.kind in "iu":
+        if raw.dtype.kind in "fO":
+            # Python ints beyond int64 turn a mixed list into float64 or objects.
+            raw = _exact_integers(name, datatype, data, raw)
         _require_kind(name, datatype, raw, "iu")
         if raw.size:
             info = np.iinfo(dtype)
@@ -188,6 +198,19 @@ def _check_count(name: str, shape: Sequence[int], have: int) -> None:
     want = element_count(shape)
     if have != want:
         raise BadRequest(f"input {name!r}: shape {list(shape)} needs {want} elements, got {have}")
+
+
+def _exact_integers(name: str, datatype: str, data: Any, raw: Array) -> Array:
+    """`data` converted exactly when it holds only integers that numpy typed as float64 or
+    objects (a mix of values below and above 2**63); else `raw` as it was, for
+    `_require_kind` to refuse."""
+    values = np.asarray(data, dtype=object).ravel()
+    if not all(type(value) is int for value in values):
+        return raw
+    try:
+        return np.array(values.tolist(), dtype=NUMPY_DTYPES[datatype])
+    except OverflowError as error:
+        raise BadRequest(f"input {name!r}: values out of range for {datatype}") from error
 
 
 def _require_kind(name: str, datatype: str, raw: Array, kinds: str) -> None:

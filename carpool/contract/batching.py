@@ -91,6 +91,16 @@ class Batching:
             maximum=1_000_000,
         ),
     )
+    max_queue_bytes: int = field(
+        default=256 * 1024 * 1024,
+        metadata=_knob(
+            "maxQueueBytes",
+            "Bytes of queued tensor data beyond which requests get 429; a request larger "
+            "than this alone gets 413.",
+            minimum=1,
+            maximum=64 * 1024**3,
+        ),
+    )
     timeout_ms: float = field(
         default=30_000,
         metadata=_knob(

@@ -25,6 +25,10 @@ MODEL_MAX_BATCH_SIZE: Final = 64
 # After SIGTERM the sidecar sends what it queued for up to this long, and the model server
 # serves while those batches come (at most as long).
 DRAIN_SECONDS: Final = 30
+# After SIGTERM the sidecar is not ready but keeps serving this long, so that endpoints and
+# load balancers stop sending before it stops listening; then it drains (DRAIN_SECONDS), so
+# the pod's grace period must cover both.
+DRAIN_DELAY_SECONDS: Final = 5
 
 MODEL_SERVER_COMMAND: Final = ("carpool", "model-server")
 SIDECAR_COMMAND: Final = ("carpool", "sidecar")

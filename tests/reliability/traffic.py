@@ -77,12 +77,14 @@ async def call(
     timeout_s: float,
     *,
     binary: bool = False,
+    headers: dict[str, str] | None = None,
 ) -> Outcome:
     """One inference request; never raises, whatever happens to it."""
     url = f"{sidecar.url}/v2/models/{sidecar.model}/infer"
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    body, headers = binary_body_for(rows) if binary else (orjson.dumps(body_for(rows)), {})
+    body, codec_headers = binary_body_for(rows) if binary else (orjson.dumps(body_for(rows)), {})
+    headers = {**codec_headers, **(headers or {})}
     headers["Content-Type"] = "application/octet-stream" if binary else "application/json"
     try:
         async with http.post(url, data=body, headers=headers, timeout=timeout) as reply:

@@ -290,8 +290,13 @@ async def test_deadline_counts_from_arrival_not_from_the_parsed_body(sidecar: Si
         yield body[10:]
 
     headers = {"X-Carpool-Timeout-Ms": "200", "Content-Length": str(len(body))}
+    started = time.monotonic()
     async with (
         aiohttp.ClientSession() as http,
         http.post(f"{sidecar.url}/v2/models/toy/infer", data=slow_body(), headers=headers) as reply,
     ):
-        assert reply.status == 504, await reply.text()
+        # The request did not arrive by its deadline: 408 then, not after the body.
+        assert reply.status == 408, await reply.text()
+        assert "deadline" in (await reply.json())["error"]
+        assert reply.headers["Connection"] == "close"
+    assert time.monotonic() - started < 0.45

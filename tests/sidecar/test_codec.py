@@ -11,8 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from carpool.contract.metadata import ModelMetadata, TensorSpec
+from carpool.sidecar import kserve_v1
+from carpool.sidecar.bounds import UNBOUNDED, RequestBounds
 from carpool.sidecar.config import BatchingSettings, ConfigError, apply_file
-from carpool.sidecar.errors import BadRequest
+from carpool.sidecar.errors import BadRequest, PayloadTooLarge
 from carpool.sidecar.inference import InferResponse
 from carpool.sidecar.oip import HEADER_LENGTH, encode_response, parse_request
 from carpool.sidecar.tensors import (
@@ -52,6 +55,9 @@ def test_json_nested_and_flat_data_agree() -> None:
         ("BYTES", [["a", "b"], ["c"]], "must be strings"),
         ("FP32", [[1, 2], [3]], "not a regular array"),
         ("FP99", [1, 2, 3, 4], "unknown datatype"),
+        ("UINT64", [0, 1, 2**63, -1], "out of range"),
+        ("INT64", [0, 1, 2**63, 2], "out of range"),
+        ("UINT64", [0, 1, 2**63, 1.5], "does not fit UINT64"),
     ],
 )
 def test_json_data_that_does_not_fit_is_refused(
@@ -60,6 +66,53 @@ def test_json_data_that_does_not_fit_is_refused(
     document = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1, 4], "data": data}]}
     with pytest.raises(BadRequest, match=message):
         parse_request(orjson.dumps(document), None)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values"),
+    [
+        ("UINT64", [0, 1, 2**63, 2**64 - 1]),
+        ("INT64", [-(2**63), -1, 0, 2**63 - 1]),
+        ("UINT64", [0, 1, 2, 3]),
+    ],
+)
+def test_json_64_bit_integers_are_exact_across_the_whole_range(
+    datatype: str, values: list[int]
+) -> None:
+    document = {"inputs": [{"name": "x", "datatype": datatype, "shape": [1, 4], "data": values}]}
+    tensor = parse_request(orjson.dumps(document), None).inputs[0]
+    assert isinstance(tensor.data, np.ndarray) and tensor.data.dtype.kind in "iu"
+    assert tensor.data.tolist() == values
+
+
+def test_kserve_v1_64_bit_integers_are_exact() -> None:
+    spec = TensorSpec("x", "UINT64", (1,))
+    metadata = ModelMetadata(
+        name="m", platform="p", inputs=(spec,), outputs=(spec,), max_batch_size=8
+    )
+    body = orjson.dumps({"instances": [0, 1, 2**63]})
+    tensor = kserve_v1.parse_request(body, metadata, UNBOUNDED).inputs[0]
+    assert isinstance(tensor.data, np.ndarray) and tensor.data.tolist() == [0, 1, 2**63]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"datatype": "FP32", "shape": [9, 4], "data": []}, "9 items, more than maxQueueItems 8"),
+        ({"datatype": "FP32", "shape": [2, 10**6], "data": []}, "8000000 bytes"),
+        (
+            {"datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 10**6}},
+            "1000000 bytes",
+        ),
+    ],
+)
+def test_declared_items_and_bytes_are_bounded_before_the_data_is_read(
+    header: dict[str, object], message: str
+) -> None:
+    """The data does not even match the shape: the bound is checked first, from the header."""
+    document = {"inputs": [{"name": "x", **header}]}
+    with pytest.raises(PayloadTooLarge, match=message):
+        parse_request(orjson.dumps(document), None, RequestBounds(max_items=8, max_bytes=4096))
 
 
 def test_binary_inputs_are_read_in_order_without_copies() -> None:

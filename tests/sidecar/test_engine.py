@@ -76,10 +76,11 @@ class Harness:
         timeout_s: float = 5.0,
         key: BatchKey = KEY,
         lengths: list[int] | None = None,
+        nbytes: int = 0,
     ) -> asyncio.Task[list[ItemResult]]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         submitted = self.batcher.submit(
-            items(*values), key, deadline, priority=priority, lengths=lengths
+            items(*values), key, deadline, priority=priority, lengths=lengths, nbytes=nbytes
         )
         return asyncio.create_task(submitted)
 
@@ -177,6 +178,23 @@ async def test_queue_full_is_refused_with_retry_after() -> None:
             await h.request(1.0, 2.0, 3.0)
         h.model.gate.set()
         await asyncio.gather(blocker, queued)
+
+
+async def test_queue_is_bounded_in_bytes_too() -> None:
+    async with Harness(max_queue_bytes=1000, max_inflight_batches=1, max_batch_size=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0, nbytes=1000)  # sent at once: it holds no queue room
+        await h.model.started.wait()
+        queued = h.request(1.0, nbytes=600)
+        await settle()
+        with pytest.raises(QueueFull, match="600 bytes"):
+            await h.request(2.0, nbytes=500)
+        with pytest.raises(PayloadTooLarge, match="maxQueueBytes 1000"):
+            await h.request(3.0, nbytes=1001)
+        h.model.gate.set()
+        await asyncio.gather(blocker, queued)
+        # Answered requests give their bytes back.
+        assert answers(await h.request(4.0, nbytes=1000)) == [4.0]
 
 
 async def test_expired_request_is_answered_504_and_never_sent() -> None:

@@ -12,7 +12,7 @@ import aiohttp
 import numpy as np
 import orjson
 from support.model_server import SUPPORT_DIR, run_model_server
-from support.sidecar import Sidecar, get, infer, metric, run_pair, run_sidecar, wait_for
+from support.sidecar import Sidecar, get, infer, metric, run_pair, run_sidecar, v2_body, wait_for
 
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "2"}
 
@@ -48,6 +48,7 @@ async def test_model_server_killed_mid_batch_then_back(tmp_path: Path) -> None:
 async def test_sigterm_drains_everything_accepted(tmp_path: Path) -> None:
     slow = {**SLOW, "CARPOOL_TEST_INFER_S": "0.3"}
     args = ("--max-batch-size", "2", "--max-inflight-batches", "1", "--drain-seconds", "20")
+    args += ("--drain-delay-seconds", "0.5")
     with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=slow) as pair:
         sidecar = pair.sidecar
         async with aiohttp.ClientSession() as http:
@@ -55,8 +56,11 @@ async def test_sigterm_drains_everything_accepted(tmp_path: Path) -> None:
             await asyncio.to_thread(wait_for, lambda: metric(sidecar, "carpool_queue_items") >= 6)
             sidecar.process.send_signal(signal.SIGTERM)
             await asyncio.to_thread(wait_for, lambda: get(sidecar, "/v2/health/ready")[0] == 503)
-            status, _ = await infer(http, sidecar, [[1, 1, 1, 1]])
-            assert status == 503  # accepted no more
+            # Not ready, but still serving through the drain delay, closing each connection.
+            url = f"{sidecar.url}/v2/models/toy/infer"
+            async with http.post(url, json=v2_body([[1, 1, 1, 1]])) as reply:
+                assert reply.status == 200
+                assert reply.headers["Connection"] == "close"
             results = await asyncio.gather(*calls)
         for i, (status, body) in enumerate(results):
             assert status == 200, body
@@ -138,7 +142,7 @@ async def test_bad_item_fails_alone_within_a_shared_batch(tmp_path: Path) -> Non
 async def test_drain_grace_over_answers_waiting_callers_503(tmp_path: Path) -> None:
     # A batch outlasts the drain grace, but not the test's patience when teardown awaits it.
     slow = {**SLOW, "CARPOOL_TEST_INFER_S": "4"}
-    args = ("--max-inflight-batches", "1", "--drain-seconds", "0.5")
+    args = ("--max-inflight-batches", "1", "--drain-seconds", "0.5", "--drain-delay-seconds", "0")
     with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=slow) as pair:
         sidecar = pair.sidecar
         async with aiohttp.ClientSession() as http:

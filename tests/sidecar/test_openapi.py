@@ -24,12 +24,13 @@ import pytest
 from jsonschema import Draft202012Validator
 from support.sidecar import Sidecar, get, run_sidecar, wait_for
 
-from carpool.model_server import wire
+from carpool.contract import wire
 from carpool.processes import free_port
 
 # What the scripted model server does with an item, by its value.
 ECHO, REFUSE, FAIL, GARBLE, HOLD, DOWN, SLOW = range(7)
 SLOW_S = 0.5
+BODY_TIMEOUT_S = 0.3
 UNITS_S = {"milliseconds": 1e-3, "microseconds": 1e-6}
 # Documented but not provoked here, with where it is checked instead.
 CHECKED_ELSEWHERE = {("get", "/v2/health/live", "503"): "test_supervision.py"}
@@ -125,6 +126,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     server = serve_model(model, port)
     folder: Path = tmp_path_factory.mktemp("openapi")
     args = ["--max-queue-items", "8", "--max-inflight-batches", "1", "--max-wait-ms", "1"]
+    args += ["--body-timeout-seconds", str(BODY_TIMEOUT_S)]
     try:
         with run_sidecar(folder, f"http://127.0.0.1:{port}", *args, model="m") as sidecar:
             status, body = get(sidecar, "/openapi.json")
@@ -179,6 +181,20 @@ async def queue_full(
     return status
 
 
+async def stalled_body(world: World, path: str) -> tuple[int, bytes]:
+    """The answer to a request whose body stops short of its Content-Length."""
+    host, port = world.sidecar.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 100\r\n\r\n"
+        writer.write(head.encode() + b'{"inputs": ')
+        status_line = await asyncio.wait_for(reader.readline(), BODY_TIMEOUT_S + 5)
+        rest = await asyncio.wait_for(reader.read(), 5)  # the sidecar closes the connection
+    finally:
+        writer.close()
+    return int(status_line.split()[1]), rest.split(b"\r\n\r\n", 1)[1]
+
+
 OPENAPI_PATHS = {
     "/v2/models/m/infer": "/v2/models/{name}/infer",
     "/v2/models/m/versions/1/infer": "/v2/models/{name}/versions/{version}/infer",
@@ -211,6 +227,9 @@ async def test_inference_answers_exactly_the_documented_statuses(world: World, p
         world.check_body("post", OPENAPI_PATHS[path], status, reply)
         seen[status] = "deadline"
         seen[await queue_full(http, world, path, body)] = "queue full"
+    status, reply = await stalled_body(world, path)
+    world.check_body("post", OPENAPI_PATHS[path], status, reply)
+    seen[status] = "stalled body"
     documented = world.operation("post", OPENAPI_PATHS[path])["responses"]
     assert sorted(map(str, seen)) == sorted(documented)
 
@@ -300,6 +319,7 @@ async def test_priority_is_served_first(world: World) -> None:
 @pytest.mark.parametrize(
     ("path", "template"),
     [
+        ("/", "/"),
         ("/v2/health/live", "/v2/health/live"),
         ("/v2/health/ready", "/v2/health/ready"),
         ("/v2", "/v2"),
