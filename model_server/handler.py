@@ -27,6 +27,7 @@ BUILTINS: dict[str, str] = {
     "toy": "carpool.model_server.handler_toy:ToyHandler",
     "torchscript": "carpool.model_server.handler_torchscript:TorchScriptHandler",
     "text-embedding": "carpool.model_server.handler_text_embedding:TextEmbeddingHandler",
+    "text-generation": "carpool.model_server.handler_text_generation:TextGenerationHandler",
 }
 
 

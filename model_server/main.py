@@ -31,9 +31,9 @@ SHUTDOWN_TIMEOUT_S = 30.0
 DRAIN_IDLE_S = 1.0
 
 OPTIONS: tuple[tuple[str, str], ...] = (
-    ("handler", "toy | torchscript | text-embedding | module:Class"),
+    ("handler", "toy | torchscript | text-embedding | text-generation | module:Class"),
     ("model_name", "name in metrics and metadata (default: the handler name)"),
-    ("model_path", "model file, for the torchscript handler"),
+    ("model_path", "model file (torchscript) or folder (text-generation)"),
     ("socket", "Unix socket path of the data listener"),
     ("host", "TCP data listener address (default 127.0.0.1), with --port"),
     ("port", "TCP data listener port, instead of --socket"),
