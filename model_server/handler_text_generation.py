@@ -86,7 +86,7 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         path = str(self.settings.model_path)
         self.device = device
         self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
         self.eos_id: int | None = self.tokenizer.eos_token_id
         pad_id = self.tokenizer.pad_token_id
@@ -164,7 +164,7 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         sampling = any(request.temperature > 0 for request in requests)
         # Only our own per-row temperature shapes the sampled distribution.
         shaping = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampling else {}
-        config = GenerationConfig(
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=max(request.max_new_tokens for request in requests),
             do_sample=sampling,
             pad_token_id=self.pad_id,

@@ -10,48 +10,14 @@ from pathlib import Path
 
 import torch
 
+# fmt: off
 WORDS = [
-    "the",
-    "a",
-    "cat",
-    "dog",
-    "sat",
-    "on",
-    "mat",
-    "rug",
-    "ran",
-    "far",
-    "away",
-    "quickly",
-    "slowly",
-    "red",
-    "blue",
-    "green",
-    "big",
-    "small",
-    "house",
-    "tree",
-    "river",
-    "sky",
-    "sun",
-    "moon",
-    "star",
-    "night",
-    "day",
-    "morning",
-    "evening",
-    "rain",
-    "snow",
-    "wind",
-    "carpool",
-    "model",
-    "batch",
-    "queue",
-    "item",
-    "token",
-    "prompt",
-    "answer",
+    "the", "a", "cat", "dog", "sat", "on", "mat", "rug", "ran", "far", "away", "quickly",
+    "slowly", "red", "blue", "green", "big", "small", "house", "tree", "river", "sky", "sun",
+    "moon", "star", "night", "day", "morning", "evening", "rain", "snow", "wind", "carpool",
+    "model", "batch", "queue", "item", "token", "prompt", "answer",
 ]
+# fmt: on
 EOS = "<|endoftext|>"
 UNK = "<unk>"
 
