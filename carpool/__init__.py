@@ -9,12 +9,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from carpool.batching import Batched, batch
     from carpool.offline import BatchInference, batch_inference
 
-__all__ = ["BatchInference", "batch_inference"]
+__all__ = ["BatchInference", "Batched", "batch", "batch_inference"]
 
 # public name -> module that defines it
 _LAZY = {
+    "Batched": "carpool.batching",
+    "batch": "carpool.batching",
     "BatchInference": "carpool.offline",
     "batch_inference": "carpool.offline",
 }
