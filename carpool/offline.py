@@ -104,6 +104,10 @@ class BatchInference:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def reset_stats(self) -> None:
+        """Count from zero again, e.g. between benchmark rounds."""
+        self.stats = self._measured.stats = Stats()
+
     def close(self) -> None:
         self._runner.close()
         self._loop.close()
