@@ -21,7 +21,7 @@ from carpool.results_file import answered, append, put_in_order
     "input_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="JSON lines: an object of inputs per line, or a string for a one-text-input handler.",
+    help="JSON lines: an object of inputs per line, or a string for a text first input.",
 )
 @click.option(
     "--output",

@@ -1,8 +1,8 @@
 """Plain JSON values <-> wire items and results, typed by a handler's declared inputs.
 
 A JSON record maps input names to values: a string (or a list of strings) for BYTES inputs,
-a number or nested list of numbers for numeric ones. A bare string stands for the one BYTES
-input of a handler that has exactly one.
+a number or nested list of numbers for numeric ones. A bare string stands for the handler's
+first input when that takes text (`text` of text-embedding, `text_input` of text-generation).
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ Record = Mapping[str, Any] | str
 def item_from_record(record: Record, inputs: Sequence[TensorSpec]) -> Item:
     """The item for one record; raise InvalidItem when a value does not fit its input."""
     if isinstance(record, str):
-        text_inputs = [spec.name for spec in inputs if spec.datatype == BYTES]
-        if len(text_inputs) != 1:
-            raise InvalidItem(f"a bare string needs one BYTES input; handler has {text_inputs}")
-        record = {text_inputs[0]: record}
+        if not inputs or inputs[0].datatype != BYTES:
+            raise InvalidItem("a bare string stands for a first input of BYTES; give an object")
+        record = {inputs[0].name: record}
     if not isinstance(record, Mapping):
         raise InvalidItem(f"a record must be an object of inputs, got {type(record).__name__}")
     specs = {spec.name: spec for spec in inputs}

@@ -152,7 +152,7 @@ def batch_inference(
 ) -> list[ItemResult]:
     """Run `handler` over `items` in batches; one result per item, in the items' order.
 
-    Items are JSON-like records (`{"text": "..."}`, or a bare string for one text input) or
+    Items are JSON-like records (`{"text": "..."}`, or a bare string for a text first input) or
     maps of Tensors. A refused or failing item gets its error in its result; the rest run.
     """
     records = list(items)
