@@ -123,7 +123,9 @@ class BatchInference:
                 items.append(item_from_record(record, self.handler.metadata.inputs))
             except InvalidItem as error:
                 items.append(str(error))
-        lengths = [0 if isinstance(item, str) else item_length(item) for item in items]
+        # A handler may measure items in its own tokens; else bytes of text stand in for them.
+        measure = getattr(self.handler, "item_length", item_length)
+        lengths = [0 if isinstance(item, str) else int(measure(item)) for item in items]
         for indices in plan(lengths, self.batch_size, sort_by_length):
             yield indices, self._run_batch([items[index] for index in indices])
 

@@ -117,6 +117,14 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
     def example_item(self) -> Item:
         return {TEXT_INPUT.name: Tensor(BYTES, (1,), [WARMUP_PROMPT.encode()])}
 
+    def item_length(self, item: Item) -> int:
+        """Prompt tokens, for sorting items offline (`carpool infer`); 0 for a bad item."""
+        try:
+            prompt = _string(require_input(item, TEXT_INPUT), TEXT_INPUT.name)
+        except InvalidItem:
+            return 0
+        return len(self.tokenizer(prompt)["input_ids"])
+
     def _request(self, item: Item) -> Request:
         prompt = _string(require_input(item, TEXT_INPUT), TEXT_INPUT.name)
         prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]

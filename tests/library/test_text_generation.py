@@ -14,6 +14,7 @@ from support.model_server import ModelServer, post_batch, run_model_server
 from carpool.model_server.handler import HandlerSettings
 from carpool.model_server.handler_text_generation import TextGenerationHandler
 from carpool.model_server.wire import BYTES, ItemResult, Tensor
+from carpool.offline import BatchInference
 
 Item = dict[str, Tensor]
 
@@ -161,3 +162,21 @@ async def test_model_server_serves_batched_generation(
     items = mixed_prompts()
     results = await post_batch(server, items)
     assert [text_of(result) for result in results] == generate(handler, items)
+
+
+def test_offline_generation_sorts_by_prompt_tokens_and_keeps_order(
+    handler: TextGenerationHandler, tiny_lm_path: Path
+) -> None:
+    rng = np.random.default_rng(5)
+    prompts = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(48)]
+    records = [{"text_input": prompt, "max_new_tokens": 6} for prompt in prompts]
+    with BatchInference(
+        "text-generation", batch_size=8, model_path=tiny_lm_path, torch_threads=1
+    ) as inference:
+        answers: dict[int, ItemResult] = {}
+        for indices, results in inference.run(records):
+            answers.update(zip(indices, results, strict=True))
+        # Neighbours in prompt tokens share a batch: little padding, one bucket per batch.
+        assert inference.stats.padding_ratio < 0.1
+    alone = [generate(handler, [prompt_item(p, max_new_tokens=6)])[0] for p in prompts[:8]]
+    assert [text_of(answers[index]) for index in range(8)] == alone
