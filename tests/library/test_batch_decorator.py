@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -113,3 +115,13 @@ def test_a_sync_function_serves_16_threads_through_blocking() -> None:
     assert batches < 16 * 50  # calls shared batches
     assert sample(registry, "carpool_requests_total", model="square", code="200") == 16 * 50
     assert threads and not threads & {threading.main_thread().name}
+
+
+def test_importing_carpool_loads_no_torch_until_a_library_face_is_used() -> None:
+    # `carpool operator` imports the package: the library faces must not drag torch in.
+    code = (
+        "import sys, carpool, carpool.cli; assert 'torch' not in sys.modules; "
+        "carpool.batch; assert 'torch' not in sys.modules; "
+        "carpool.batch_inference; assert 'torch' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, timeout=120)
