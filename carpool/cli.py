@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "operator": "carpool.operator.main:command",
     "render": "carpool.operator.render_cli:command",
     "bench": "carpool.loadgen.main:command",
+    "infer": "carpool.infer_cli:command",
 }
 
 

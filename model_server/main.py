@@ -39,9 +39,13 @@ DRAIN_IDLE_S = 1.0
 PATH = click.Path(path_type=Path)
 AT_LEAST_0, AT_LEAST_1 = click.IntRange(min=0), click.IntRange(min=1)
 OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
-    ("handler", click.STRING, "toy | torchscript | text-embedding | module:Class"),
+    (
+        "handler",
+        click.STRING,
+        "toy | torchscript | text-embedding | text-generation | module:Class",
+    ),
     ("model_name", click.STRING, "name in metrics and metadata (default: the handler name)"),
-    ("model_path", PATH, "model file, for the torchscript handler"),
+    ("model_path", PATH, "model file (torchscript) or folder (text-generation)"),
     ("socket", PATH, "Unix socket path of the data listener"),
     ("host", click.STRING, "TCP data listener address (default 127.0.0.1), with --port"),
     ("port", AT_LEAST_0, "TCP data listener port, instead of --socket"),

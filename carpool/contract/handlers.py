@@ -11,5 +11,6 @@ BUILTIN_HANDLERS: Mapping[str, str] = MappingProxyType(
         "toy": "carpool.model_server.handler_toy:ToyHandler",
         "torchscript": "carpool.model_server.handler_torchscript:TorchScriptHandler",
         "text-embedding": "carpool.model_server.handler_text_embedding:TextEmbeddingHandler",
+        "text-generation": "carpool.model_server.handler_text_generation:TextGenerationHandler",
     }
 )

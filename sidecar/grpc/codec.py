@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from carpool.model_server.wire import BYTES, DATATYPES
+from carpool.contract.wire import BYTES, DATATYPES
 from carpool.sidecar.errors import BadRequest
 from carpool.sidecar.grpc.inference_pb2 import (
     InferParameter,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from carpool.contract.wire import BYTES, DATATYPES, NUMPY_DTYPES, Item, Tensor
 from carpool.model_server.errors import InvalidItem
 from carpool.model_server.handler import (
     Handler,
@@ -22,7 +23,6 @@ from carpool.model_server.handler import (
     require_input,
     split_valid,
 )
-from carpool.model_server.wire import BYTES, DATATYPES, NUMPY_DTYPES, Item, Tensor
 
 WIDTH = 3
 ALL_DATATYPES = (*NUMPY_DTYPES, BYTES)

@@ -1,0 +1,127 @@
+"""`carpool.batch`: the sidecar's engine around a function, called as a user would."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import carpool
+from carpool.batching import DeadlineExceeded, QueueFull
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_200_concurrent_callers_each_get_their_own_answer_in_batches() -> None:
+    registry = CollectorRegistry()
+    sizes: list[int] = []
+
+    @carpool.batch(max_batch_size=32, max_wait_ms=5, registry=registry)
+    async def double(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        await asyncio.sleep(0.01)
+        return [2 * item for item in items]
+
+    try:
+        results = await asyncio.gather(*(double(i) for i in range(200)))
+    finally:
+        await double.aclose()
+    assert results == [2 * i for i in range(200)]
+    assert sum(sizes) == 200 and max(sizes) == 32 and len(sizes) <= 10
+    assert sample(registry, "carpool_requests_total", model="double", code="200") == 200
+    assert sample(registry, "carpool_batch_size_count", model="double") == len(sizes)
+
+
+async def test_a_poison_item_fails_alone_and_slot_errors_reach_their_caller() -> None:
+    @carpool.batch(max_batch_size=16, max_wait_ms=20)
+    async def invert(items: list[float]) -> list[float | Exception]:
+        if 0.0 in items:
+            raise ZeroDivisionError("cannot invert 0")
+        return [ValueError("negative") if item < 0 else 1 / item for item in items]
+
+    try:
+        outcomes = await asyncio.gather(
+            *(invert(float(i)) for i in [1, 2, 0, 4, -5, 8]), return_exceptions=True
+        )
+    finally:
+        await invert.aclose()
+    assert outcomes[0:2] == [1.0, 0.5] and outcomes[3] == 0.25 and outcomes[5] == 0.125
+    assert isinstance(outcomes[2], ZeroDivisionError)
+    assert isinstance(outcomes[4], ValueError)
+
+
+async def test_deadline_cancellation_priority_and_queue_bound() -> None:
+    registry = CollectorRegistry()
+    release = asyncio.Event()
+    seen: list[list[str]] = []
+
+    @carpool.batch(max_batch_size=2, max_wait_ms=1, max_queue_items=4, registry=registry)
+    async def echo(items: list[str]) -> list[str]:
+        seen.append(items)
+        await release.wait()
+        return items
+
+    try:
+        busy = asyncio.create_task(echo("first"))  # occupies the one batch slot
+        await asyncio.sleep(0.05)
+        low = [asyncio.create_task(echo(f"low{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        high = asyncio.create_task(echo("high", priority=5))
+        gone = asyncio.create_task(echo("gone"))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull):
+            await echo("one too many")
+        gone.cancel()
+        await asyncio.sleep(0)
+        with pytest.raises(DeadlineExceeded):
+            await echo("impatient", timeout_ms=20)
+        release.set()
+        assert await asyncio.gather(busy, high, *low) == ["first", "high", "low0", "low1"]
+    finally:
+        await echo.aclose()
+    # The high-priority item overtook the queue; the cancelled one never reached the function.
+    assert seen == [["first"], ["high", "low0"], ["low1"]]
+    assert sample(registry, "carpool_rejected_total", model="echo", reason="queue_full") == 1
+    assert sample(registry, "carpool_requests_total", model="echo", code="504") == 1
+
+
+def test_a_sync_function_serves_16_threads_through_blocking() -> None:
+    threads: set[str] = set()
+    registry = CollectorRegistry()
+
+    @carpool.batch(max_batch_size=8, max_wait_ms=2, registry=registry)
+    def square(items: list[int]) -> list[int]:
+        threads.add(threading.current_thread().name)
+        return [item * item for item in items]
+
+    def client(worker: int) -> list[int]:
+        return [square.blocking(worker * 100 + n) for n in range(50)]
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(client, range(16)))
+    finally:
+        square.close()
+    for worker, squares in enumerate(answers):
+        assert squares == [(worker * 100 + n) ** 2 for n in range(50)]
+    batches = sample(registry, "carpool_batch_size_count", model="square")
+    assert batches < 16 * 50  # calls shared batches
+    assert sample(registry, "carpool_requests_total", model="square", code="200") == 16 * 50
+    assert threads and not threads & {threading.main_thread().name}
+
+
+def test_importing_carpool_loads_no_torch_until_a_library_face_is_used() -> None:
+    # `carpool operator` imports the package: the library faces must not drag torch in.
+    code = (
+        "import sys, carpool, carpool.cli; assert 'torch' not in sys.modules; "
+        "carpool.batch; assert 'torch' not in sys.modules; "
+        "carpool.batch_inference; assert 'torch' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, timeout=120)

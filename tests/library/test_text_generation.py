@@ -1,0 +1,182 @@
+"""The text-generation handler: batched, left-padded generation with per-item settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from library.tiny_lm import WORDS
+from support.model_server import ModelServer, post_batch, run_model_server
+
+from carpool.contract.wire import BYTES, ItemResult, Tensor
+from carpool.model_server.handler import HandlerSettings
+from carpool.model_server.handler_text_generation import TextGenerationHandler
+from carpool.offline import BatchInference
+
+Item = dict[str, Tensor]
+
+
+def prompt_item(
+    prompt: str,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    stop: list[str] | None = None,
+) -> Item:
+    item = {"text_input": Tensor(BYTES, (1,), [prompt.encode()])}
+    if max_new_tokens is not None:
+        item["max_new_tokens"] = Tensor.from_numpy(np.array([max_new_tokens], dtype=np.int32))
+    if temperature is not None:
+        item["temperature"] = Tensor.from_numpy(np.array([temperature], dtype=np.float32))
+    if stop is not None:
+        item["stop"] = Tensor(BYTES, (len(stop),), [s.encode() for s in stop])
+    return item
+
+
+def text_of(result: ItemResult) -> str:
+    assert result.error is None, result.error
+    assert result.outputs is not None
+    data = result.outputs["text_output"].data
+    assert isinstance(data, list)
+    return data[0].decode()
+
+
+@pytest.fixture(scope="module")
+def handler(tiny_lm_path: Path) -> TextGenerationHandler:
+    loaded = TextGenerationHandler(HandlerSettings(tiny_lm_path, torch.float32, 64))
+    loaded.load(torch.device("cpu"))
+    return loaded
+
+
+def generate(handler: TextGenerationHandler, items: list[Item]) -> list[str | Exception]:
+    """Outputs in item order; a refused item gives an InvalidItem-like message instead."""
+    with torch.inference_mode():
+        prepared = handler.preprocess(items)
+        outputs = iter(handler.postprocess(handler.infer(prepared.batch)) if prepared.batch else [])
+    answers: list[str | Exception] = []
+    for index in range(len(items)):
+        if index in prepared.rejected:
+            answers.append(ValueError(prepared.rejected[index]))
+        else:
+            data = next(outputs)["text_output"].data
+            assert isinstance(data, list)
+            answers.append(data[0].decode())
+    return answers
+
+
+def mixed_prompts() -> list[Item]:
+    rng = np.random.default_rng(7)
+    items = []
+    for index in range(12):
+        words = rng.choice(WORDS, size=int(rng.integers(1, 24)))
+        items.append(prompt_item(" ".join(words), max_new_tokens=int(rng.integers(1, 30))))
+        if index % 4 == 3:
+            items[-1] = prompt_item(" ".join(words), max_new_tokens=20, stop=["sun", "moon"])
+    return items
+
+
+def test_greedy_batch_gives_each_prompt_what_it_gets_alone(
+    handler: TextGenerationHandler,
+) -> None:
+    items = mixed_prompts()
+    # A sampled neighbour puts the batch on the sampling path; greedy rows must not notice.
+    batch = [*items, prompt_item("the cat", max_new_tokens=25, temperature=1.5)]
+    batched = generate(handler, batch)[: len(items)]
+    alone = [generate(handler, [item])[0] for item in items]
+    assert batched == alone
+    assert all(isinstance(text, str) and text for text in batched)
+
+
+def test_prompts_are_bucketed_by_length_and_padding_is_measured(
+    handler: TextGenerationHandler,
+) -> None:
+    prepared = handler.preprocess(mixed_prompts())
+    assert prepared.batch is not None
+    real, slots = prepared.batch.padding()
+    # Lengths 1..23 fall in buckets of 1, 2, 4, 8, 16, 32: padding stays below half.
+    assert len(prepared.batch.buckets) > 1
+    assert real < slots < 2 * real
+    for bucket in prepared.batch.buckets:
+        lengths = [len(request.prompt_ids) for request in bucket.requests]
+        assert max(lengths) <= 2 * min(lengths)
+
+
+def test_each_row_stops_at_its_own_limit_and_stop_string(handler: TextGenerationHandler) -> None:
+    prompt = "the dog ran far away"
+    free = generate(handler, [prompt_item(prompt, max_new_tokens=30)])[0]
+    assert isinstance(free, str)
+    stop_word = free.split()[4]
+    cut, short, full = generate(
+        handler,
+        [
+            prompt_item(prompt, max_new_tokens=30, stop=[stop_word]),
+            prompt_item(prompt, max_new_tokens=3),
+            prompt_item(prompt, max_new_tokens=30),
+        ],
+    )
+    assert cut == free[: free.index(stop_word)]
+    assert short == " ".join(free.split()[:3])
+    assert full == free
+
+
+def test_bad_items_are_refused_and_neighbours_still_run(handler: TextGenerationHandler) -> None:
+    good = prompt_item("a red house", max_new_tokens=5)
+    answers = generate(
+        handler,
+        [
+            prompt_item("a red house", max_new_tokens=0),
+            good,
+            prompt_item("the " * 250, max_new_tokens=10),  # past the 256-token context
+            prompt_item("sky", temperature=-1.0),
+            {"prompt": Tensor(BYTES, (1,), [b"wrong name"])},
+        ],
+    )
+    assert answers[1] == generate(handler, [good])[0]
+    messages = [str(a) for a in answers if isinstance(a, Exception)]
+    assert len(messages) == 4
+    assert "max_new_tokens" in messages[0] and "context" in messages[1]
+    assert "temperature" in messages[2] and "text_input" in messages[3]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_lm_path: Path) -> Iterator[ModelServer]:
+    with run_model_server(
+        tmp_path_factory.mktemp("generation"),
+        "text-generation",
+        "--model-path",
+        str(tiny_lm_path),
+        "--device",
+        "cpu",
+        "--warmup-sizes",
+        "1,4",
+        timeout_s=120,
+    ) as running:
+        yield running
+
+
+async def test_model_server_serves_batched_generation(
+    server: ModelServer, handler: TextGenerationHandler
+) -> None:
+    items = mixed_prompts()
+    results = await post_batch(server, items)
+    assert [text_of(result) for result in results] == generate(handler, items)
+
+
+def test_offline_generation_sorts_by_prompt_tokens_and_keeps_order(
+    handler: TextGenerationHandler, tiny_lm_path: Path
+) -> None:
+    rng = np.random.default_rng(5)
+    prompts = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(48)]
+    records = [{"text_input": prompt, "max_new_tokens": 6} for prompt in prompts]
+    with BatchInference(
+        "text-generation", batch_size=8, model_path=tiny_lm_path, torch_threads=1
+    ) as inference:
+        answers: dict[int, ItemResult] = {}
+        for indices, results in inference.run(records):
+            answers.update(zip(indices, results, strict=True))
+        # Neighbours in prompt tokens share a batch: little padding, one bucket per batch.
+        assert inference.stats.padding_ratio < 0.1
+    alone = [generate(handler, [prompt_item(p, max_new_tokens=6)])[0] for p in prompts[:8]]
+    assert [text_of(answers[index]) for index in range(8)] == alone
