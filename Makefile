@@ -9,13 +9,13 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup link tools demo test lint typecheck unit bench clean crd image image-cuda grpc
+.PHONY: setup link tools demo test lint typecheck unit bench clean crd image image-cuda grpc constraints
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints-dev.txt
 	python3 -m venv $(VENV)
 	# The CPU wheel first: any looser spec pulls gigabytes of CUDA packages.
 	$(PY) -m pip install -qq torch==2.13.0
-	$(PY) -m pip install -qq -e '.[dev]' --config-settings editable_mode=strict
+	$(PY) -m pip install -qq -c constraints-dev.txt -e '.[dev]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -84,6 +84,17 @@ image:
 image-cuda:
 	$(DOCKER) build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/$(CUDA) \
 		-t $(IMAGE):$(VERSION)-$(CUDA) .
+
+# The resolved versions of '.[dev]' for this Python, torch pinned to the CPU wheel CI installs
+# (its CUDA packages left out: the CPU wheel needs none). uv resolves in seconds.
+constraints: setup
+	$(PY) -m pip install -qq uv
+	echo torch==2.13.0 > $(VENV)/torch-pin.txt
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 -c $(VENV)/torch-pin.txt --no-header \
+		--no-annotate -q -o $(VENV)/resolved.txt
+	{ sed -n '1,3p' constraints-dev.txt; grep -vE '^(cuda-|nvidia-|triton==)' $(VENV)/resolved.txt; } \
+		> constraints-dev.txt.new && mv constraints-dev.txt.new constraints-dev.txt
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info
