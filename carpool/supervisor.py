@@ -2,7 +2,7 @@
 
 `carpool serve` holds one `Supervised` per child and calls `tend` from its watch loop. A
 child that exits on its own is started again after a delay that doubles with each exit in
-a row (0.5 s, 1 s, 2 s ... at most 30 s); a run that lasted `STABLE_S` resets the delay.
+a row (0.1 s, 0.2 s, 0.4 s ... at most 30 s); a run that lasted `STABLE_S` resets the delay.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 
 from carpool import processes
 
-FIRST_BACKOFF_S = 0.5
+FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 30.0
 # A run at least this long counts as healthy: the next exit restarts after FIRST_BACKOFF_S.
-STABLE_S = 30.0
+STABLE_S = 10.0
 
 
 def backoff_s(exits_in_a_row: int) -> float:
