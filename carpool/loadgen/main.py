@@ -121,7 +121,10 @@ def command(
         seed=seed,
         progress=not quiet,
     )
-    cells = asyncio.run(runner.run(settings, workload.build(spec)))
+    try:
+        cells = asyncio.run(runner.run(settings, workload.build(spec)))
+    except runner.ServerUnreachable as error:
+        raise click.ClickException(str(error)) from None
     result = report.BenchReport(
         settings={
             "url": url,
