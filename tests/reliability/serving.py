@@ -158,7 +158,7 @@ def _left_behind(children: list[psutil.Process], folder: Path) -> list[str]:
 
 def _running(process: psutil.Process) -> bool:
     try:
-        return process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
