@@ -138,8 +138,8 @@ def _serve(
         # them: the kernel's parent-death signal follows the thread that forked.
         while not stop.wait(WATCH_S):
             now = time.monotonic()
-            model.tend(now)
-            sidecar.tend(now)
+            model.tend(now, lambda: processes.http_ok(ready))
+            sidecar.tend(now, lambda: processes.http_ok(ready))
         return 0
 
 

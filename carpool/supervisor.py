@@ -2,7 +2,8 @@
 
 `carpool serve` holds one `Supervised` per child and calls `tend` from its watch loop. A
 child that exits on its own is started again after a delay that doubles with each exit in
-a row (0.1 s, 0.2 s, 0.4 s ... at most 30 s); a run that lasted `STABLE_S` resets the delay.
+a row (0.1 s, 0.2 s, 0.4 s ... at most 30 s), as a crash loop's does in a pod; once the
+restarted child serves again (the caller's `ready`), the next exit starts from 0.1 s.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from carpool import processes
 
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 30.0
-# A run at least this long counts as healthy: the next exit restarts after FIRST_BACKOFF_S.
-STABLE_S = 10.0
 
 
 def backoff_s(exits_in_a_row: int) -> float:
@@ -53,18 +52,22 @@ class Supervised:
         # children in order; the kernel kills them if `carpool serve` dies.
         return processes.spawn(self.command, start_new_session=True, die_with_parent=True)
 
-    def tend(self, now: float) -> None:
-        """Notice an exit and schedule the restart; start the child when its time has come."""
+    def tend(self, now: float, ready: Callable[[], bool]) -> None:
+        """Notice an exit and schedule the restart; start the child when its time has come.
+
+        `ready` says whether the child serves; it is asked only after a restart, until true.
+        """
         if self._restart_at is None:
             code = self.process.poll()
             if code is None:
+                if self._quick_exits and ready():
+                    self._quick_exits = 0  # it recovered: the crash loop, if any, is over
                 return
-            ran_s = now - self._started_at
-            self._quick_exits = 1 if ran_s >= STABLE_S else self._quick_exits + 1
+            self._quick_exits += 1
             delay = backoff_s(self._quick_exits)
             self._restart_at = now + delay
             self.log(
-                f"{self.name} {exit_reason(code)} after {ran_s:.1f} s; "
+                f"{self.name} {exit_reason(code)} after {now - self._started_at:.1f} s; "
                 f"restarting in {delay:g} s (restart {self.restarts + 1})"
             )
         if now >= self._restart_at:
