@@ -34,6 +34,7 @@ START_TIMEOUT_S = 60.0
 class RestartPlan:
     model_kills: int = 2
     sidecar_kills: int = 1
+    up_seconds: float = 0.5  # serving before each kill: a crash, not a start-up loop
     ready_within_s: float = 5.0  # kill -> ready again, the promise
     answer_503_within_s: float = 1.0  # while the model server is down
 
@@ -118,6 +119,7 @@ def run_restarts(folder: Path, plan: RestartPlan) -> RestartReport:
         ):
             times = report.ready_again_s.setdefault(subcommand, [])
             for _ in range(kills):
+                time.sleep(plan.up_seconds)
                 serve.child(subcommand).kill()
                 killed_at = time.monotonic()
                 if subcommand == "model-server":
