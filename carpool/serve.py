@@ -114,14 +114,14 @@ def _serve(
         # Entered in this order, so the sidecar stops (and drains) before its model server.
         model = _child(children, "model server", *model_args, "--socket", str(socket))
         sidecar = _child(children, "sidecar", *sidecar_args, "--model-server", f"unix://{socket}")
-        ready = f"{url}/v2/health/ready"
+        ready_url = f"{url}/v2/health/ready"
+
+        def ready() -> bool:
+            return processes.http_ok(ready_url)
+
         try:
             if not processes.wait_ready(
-                [model.process, sidecar.process],
-                lambda: processes.http_ok(ready),
-                READY_TIMEOUT_S,
-                "carpool",
-                stop,
+                [model.process, sidecar.process], ready, READY_TIMEOUT_S, "carpool", stop
             ):
                 return 1  # stopped before it was ready
         except processes.NotReady as error:
@@ -138,8 +138,8 @@ def _serve(
         # them: the kernel's parent-death signal follows the thread that forked.
         while not stop.wait(WATCH_S):
             now = time.monotonic()
-            model.tend(now, lambda: processes.http_ok(ready))
-            sidecar.tend(now, lambda: processes.http_ok(ready))
+            model.tend(now, ready)
+            sidecar.tend(now, ready)
         return 0
 
 
