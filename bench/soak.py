@@ -41,6 +41,11 @@ SCENARIOS = {
     "test_protocol_edges_meet_what_kserve_and_triton_clients_expect",
     "operator": "test_operator_faults.py::"
     "test_operator_converges_through_api_faults_and_resyncs_without_writes",
+    "serve_restart": "test_serving.py::test_serve_restarts_a_killed_child_and_is_ready_within_5_s",
+    "serve_killed": "test_serving.py::test_a_killed_serve_leaves_no_process_and_no_folder",
+    "long_text": "test_long_text.py::test_a_huge_text_costs_no_more_than_a_256_token_one",
+    "bench_unreachable": "test_bench_unreachable.py::"
+    "test_bench_against_a_closed_port_stops_at_once_with_one_clear_error",
 }
 
 

@@ -6,6 +6,8 @@ processes; they share this one way of doing it.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import socket
@@ -20,6 +22,10 @@ from pathlib import Path
 from typing import IO, Any
 
 POLL_S = 0.05
+# prctl(2) option: the signal a process gets when the thread that forked it exits.
+PR_SET_PDEATHSIG = 1
+# Resolved here, in the parent: the child after fork should only call it, not load a library.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
 class NotReady(RuntimeError):
@@ -52,9 +58,16 @@ def spawn(
     command: Sequence[str],
     log_path: Path | None = None,
     env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
     **popen: Any,
 ) -> subprocess.Popen[bytes]:
-    """Start `command` with `environment(env)`; its output goes to `log_path` when given."""
+    """Start `command` with `environment(env)`; its output goes to `log_path` when given.
+
+    With `die_with_parent` (Linux), the child cannot outlive this process, even one killed
+    by SIGKILL: no orphan keeps a port or a GPU.
+    """
+    if die_with_parent and _prctl is not None:
+        popen["preexec_fn"] = functools.partial(_die_with, os.getpid())
     log: IO[bytes] | None = None
     if log_path is not None:
         log = log_path.open("wb")
@@ -64,6 +77,18 @@ def spawn(
     finally:
         if log is not None:
             log.close()  # the child holds its own descriptor
+
+
+def _die_with(parent: int) -> None:
+    """Runs in the child between fork and exec: SIGKILL from the kernel when `parent` dies.
+
+    The "parent" of PR_SET_PDEATHSIG is the thread that forked the child, so a caller must
+    spawn from a thread that outlives the child. If `parent` died before the prctl, the child
+    was already re-parented and would never get the signal: it exits at once instead.
+    """
+    assert _prctl is not None
+    if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+        os._exit(126)
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:

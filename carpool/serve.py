@@ -1,28 +1,31 @@
 """`carpool serve`: the model server and the sidecar as two local processes over a UDS.
 
 The same pair the operator puts in a pod: the sidecar on TCP, the model server on a Unix
-socket in a temporary folder. SIGINT/SIGTERM are forwarded (sidecar first, so it drains),
-and both children are always stopped on the way out.
+socket in a temporary folder. Once the pair was ready, a child that exits is restarted with
+backoff, as a kubelet restarts a container (`carpool.supervisor`); meanwhile the sidecar
+answers 503. SIGINT/SIGTERM stop the children (sidecar first, so it drains). If `carpool
+serve` itself is killed, even by SIGKILL, the kernel kills the children
+(`processes.spawn(die_with_parent=True)`) and a guard removes the folder
+(`carpool.guarded_folder`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+import time
+from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
 
 from carpool import processes
 from carpool.contract import pod
 from carpool.demo import report_lines, run_demo
+from carpool.guarded_folder import guarded_folder
+from carpool.supervisor import Supervised
 
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 40.0
@@ -110,20 +113,23 @@ def _serve(
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    with tempfile.TemporaryDirectory(prefix="carpool-") as folder, ExitStack() as children:
-        socket = Path(folder) / "model.sock"
+    with guarded_folder("carpool-") as folder, ExitStack() as children:
+        socket = folder / "model.sock"
         # Entered in this order, so the sidecar stops (and drains) before its model server.
-        model = children.enter_context(_child(*model_args, "--socket", str(socket)))
-        sidecar = children.enter_context(
-            _child(*sidecar_args, "--model-server", f"unix://{socket}")
-        )
-        ready = f"{url}/v2/health/ready"
+        model = _child(children, "model server", *model_args, "--socket", str(socket))
+        sidecar = _child(children, "sidecar", *sidecar_args, "--model-server", f"unix://{socket}")
+        ready_url = f"{url}/v2/health/ready"
+
+        def ready() -> bool:
+            return processes.http_ok(ready_url)
+
         try:
             if not processes.wait_ready(
-                [model, sidecar], lambda: processes.http_ok(ready), READY_TIMEOUT_S, "carpool", stop
+                [model.process, sidecar.process], ready, READY_TIMEOUT_S, "carpool", stop
             ):
                 return 1  # stopped before it was ready
         except processes.NotReady as error:
+            # Before the first ready, an exit means a bad flag or model: no restarts.
             click.echo(f"carpool: {error}", err=True)
             return 1
         click.echo(f"carpool: {name!r} ready at {url}/v2/models/{name}/infer", err=True)
@@ -132,18 +138,20 @@ def _serve(
             for line in report_lines(cell):
                 click.echo(line)
             return 0 if cell.ok == cell.requests else 1
-        # 0 after a signal; 1 when a child exits on its own.
+        # The children are spawned and restarted from this (the main) thread, which outlives
+        # them: the kernel's parent-death signal follows the thread that forked.
         while not stop.wait(WATCH_S):
-            if model.poll() is not None or sidecar.poll() is not None:
-                return 1
+            now = time.monotonic()
+            model.tend(now, ready)
+            sidecar.tend(now, ready)
         return 0
 
 
-@contextmanager
-def _child(*args: str) -> Iterator[subprocess.Popen[bytes]]:
-    # A new session: a terminal's Ctrl-C reaches only us, and we stop the children in order.
-    process = processes.spawn(processes.carpool_command(*args), start_new_session=True)
-    try:
-        yield process
-    finally:
-        processes.stop(process, STOP_TIMEOUT_S)
+def _child(children: ExitStack, name: str, *args: str) -> Supervised:
+    child = Supervised(name, processes.carpool_command(*args), _log, STOP_TIMEOUT_S)
+    children.callback(child.stop)
+    return child
+
+
+def _log(message: str) -> None:
+    click.echo(f"carpool: {message}", err=True)

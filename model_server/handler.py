@@ -50,7 +50,14 @@ class Prepared(Generic[BatchT]):
 
 
 class Handler(ABC, Generic[BatchT, OutputsT]):
-    """Base class of every handler. Subclasses set `metadata` and implement the four steps."""
+    """Base class of every handler. Subclasses set `metadata` and implement the four steps.
+
+    An input's `TensorSpec` may bound what one item can cost: `max_elements` (elements per
+    item, for variable dimensions) and `max_element_bytes` (bytes per BYTES element). The
+    model server publishes them in its metadata and the sidecar answers 400 to a request
+    over either before queueing it, so one item cannot hold the worker for longer than the
+    handler allows. `require_input` (or `check_limits`) applies them here as well.
+    """
 
     metadata: Metadata
 
@@ -116,7 +123,18 @@ def require_input(item: Item, spec: TensorSpec) -> Tensor:
         raise InvalidItem(
             f"input {spec.name!r} must have shape {list(spec.shape)}, got {list(tensor.shape)}"
         )
+    check_limits(tensor, spec)
     return tensor
+
+
+def check_limits(tensor: Tensor, spec: TensorSpec) -> None:
+    """Refuse an item over the limits `spec` declares (`max_elements`, `max_element_bytes`).
+
+    The sidecar refuses such requests before it queues them; this guards a model server
+    called directly.
+    """
+    if (error := spec.limit_error(tensor.shape, tensor.data)) is not None:
+        raise InvalidItem(error)
 
 
 def load_handler_class(reference: str) -> type[AnyHandler]:

