@@ -27,20 +27,21 @@ from typing import Any, Generic, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 
+from carpool.contract.batching import Dispatch
 from carpool.contract.wire import Item, ItemResult
 from carpool.loop_thread import LoopThread
-from carpool.sidecar.app import CLIENT_GONE
-from carpool.sidecar.config import BatchingSettings, Dispatch
+from carpool.sidecar.config import BatchingSettings
 from carpool.sidecar.engine import Batcher
 from carpool.sidecar.errors import (
+    CLIENT_GONE,
     BadModelResponse,
     DeadlineExceeded,
     QueueFull,
     SidecarError,
     Unavailable,
 )
-from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.pending import BatchKey, PendingRequest
+from carpool.sidecar.metrics import IN_PROCESS, SidecarMetrics
+from carpool.sidecar.pending import BatchKey
 
 __all__ = ["Batched", "DeadlineExceeded", "QueueFull", "SidecarError", "Unavailable", "batch"]
 
@@ -51,6 +52,16 @@ BatchFunction = Callable[[list[ItemT]], Awaitable[Sequence[Any]] | Sequence[Any]
 CLOSE_GRACE_S = 30.0
 _OK = 200
 _FAILED = 500
+
+
+@dataclass(frozen=True, slots=True)
+class _Sender:
+    """The engine's BatchSender: the wrapped function instead of the model server."""
+
+    answer: Callable[[Sequence[Item], float], Awaitable[list[ItemResult]]]
+
+    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+        return await self.answer(items, timeout_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -103,16 +114,9 @@ class Batched(Generic[ItemT, ResultT]):
         timeout_s = (self._settings.timeout_ms if timeout_ms is None else timeout_ms) / 1000
         call: _Call[ItemT, ResultT] = _Call(item)
         key = BatchKey(None if self._group_by is None else self._group_by(item))
-        request = PendingRequest(
-            items=[cast(Item, call)],
-            key=key,
-            priority=priority,
-            deadline=started + timeout_s,
-            future=loop.create_future(),
-        )
         status = CLIENT_GONE
         try:
-            await batcher.submit(request)
+            await batcher.submit([cast(Item, call)], key, started + timeout_s, priority=priority)
             if call.error is not None:
                 status = _FAILED
                 raise call.error
@@ -124,7 +128,7 @@ class Batched(Generic[ItemT, ResultT]):
                 self.metrics.reject(error.rejected_reason)
             raise
         finally:
-            self.metrics.answered(status, loop.time() - started)
+            self.metrics.answered(status, loop.time() - started, IN_PROCESS)
 
     def blocking(
         self, item: ItemT, *, priority: int = 0, timeout_ms: float | None = None
@@ -183,7 +187,7 @@ class Batched(Generic[ItemT, ResultT]):
                 )
             if self._batcher is None:
                 self._loop = loop
-                self._batcher = Batcher(self._settings, self._send, self.metrics)
+                self._batcher = Batcher(self._settings, _Sender(self._send), self.metrics)
                 self._dispatcher = loop.create_task(self._batcher.run())
                 if not self._is_async:
                     workers = self._settings.max_inflight_batches

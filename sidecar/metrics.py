@@ -12,6 +12,8 @@ LATENCY_BUCKETS = (
 PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 # The fronts a request can arrive by: the `protocol` label of the request metrics.
 PROTOCOLS = ("rest", "grpc")
+# The `protocol` of calls to a `carpool.batch` function, which has no network front.
+IN_PROCESS = "inprocess"
 
 
 class SidecarMetrics:

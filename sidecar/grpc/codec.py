@@ -21,8 +21,7 @@ from carpool.sidecar.grpc.inference_pb2 import (
     ModelInferRequest,
     ModelInferResponse,
 )
-from carpool.sidecar.inference import InferRequest, InferResponse, RequestedOutput
-from carpool.sidecar.oip import MODEL_VERSION
+from carpool.sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool.sidecar.tensors import (
     Array,
     RequestTensor,

@@ -30,8 +30,8 @@ from carpool.sidecar.grpc.inference_pb2 import (
 )
 from carpool.sidecar.grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
 from carpool.sidecar.grpc.status import Context
+from carpool.sidecar.inference import MODEL_VERSION
 from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.oip import MODEL_VERSION
 
 log = logging.getLogger(__name__)
 
