@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-from support.processes import free_port
+
+from carpool.processes import free_port
 
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 
