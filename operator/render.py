@@ -14,6 +14,7 @@ from carpool.contract.pod import (
     CONFIG_DIR,
     CONFIG_FILE,
     DRAIN_SECONDS,
+    GRPC_PORT,
     METRICS_PORT,
     MODEL_SERVER_COMMAND,
     MODEL_SERVER_URL,
@@ -177,15 +178,20 @@ def _sidecar(spec: ModelSpec) -> Manifest:
         SidecarFlag.MODEL_SERVER, MODEL_SERVER_URL,
         SidecarFlag.HOST, "0.0.0.0",
         SidecarFlag.PORT, str(SIDECAR_PORT),
+        # Always said: the sidecar's own default is on, so off must be an explicit 0.
+        SidecarFlag.GRPC_PORT, str(GRPC_PORT if spec.grpc_enabled else 0),
         SidecarFlag.DRAIN_SECONDS, str(DRAIN_SECONDS),
         SidecarFlag.DRAIN_DELAY_SECONDS, str(spec.drain_delay_s),
         SidecarFlag.CONFIG_FILE, f"{CONFIG_DIR}/{CONFIG_FILE}",
     ]  # fmt: skip
+    ports: list[Manifest] = [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}]
+    if spec.grpc_enabled:
+        ports.append({"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"})
     return {
         "name": "sidecar",
         "image": spec.sidecar_image,
         "command": command,
-        "ports": [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "ports": ports,
         "readinessProbe": {
             "httpGet": {"path": "/v2/health/ready", "port": "http"},
             "periodSeconds": 5,
@@ -319,18 +325,20 @@ def config_map(spec: ModelSpec) -> Manifest:
     }
 
 
+def _service_port(name: str, port: int) -> Manifest:
+    # appProtocol tells meshes and gateways what to speak to the pods (HTTP/2 for gRPC).
+    return {"name": name, "port": port, "targetPort": name, "protocol": "TCP", "appProtocol": name}
+
+
 def service(spec: ModelSpec) -> Manifest:
+    ports = [_service_port("http", spec.service_port)]
+    if spec.grpc_enabled:
+        ports.append(_service_port("grpc", spec.grpc_service_port))
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(spec, spec.name),
-        "spec": {
-            "type": spec.service_type,
-            "selector": selector_labels(spec),
-            "ports": [
-                {"name": "http", "port": spec.service_port, "targetPort": "http", "protocol": "TCP"}
-            ],
-        },
+        "spec": {"type": spec.service_type, "selector": selector_labels(spec), "ports": ports},
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from carpool.contract.batching import KNOB_BY_KEY, Batching
 from carpool.contract.handlers import BUILTIN_HANDLERS
-from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
+from carpool.contract.pod import GRPC_PORT, MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults, is_image
 from carpool.operator.gpu import model_image, runtime_class_name
 from carpool.operator.probes import DEFAULT_LOAD_TIMEOUT_S
@@ -93,6 +93,9 @@ class ModelSpec:
     sidecar_memory: str = "256Mi"
     service_type: str = "ClusterIP"
     service_port: int = 80
+    # The sidecar's gRPC front, and its port on the Service (the container's is GRPC_PORT).
+    grpc_enabled: bool = True
+    grpc_service_port: int = GRPC_PORT
     pod_monitor: bool = False
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     runtime_class_name: str = ""
@@ -183,6 +186,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
     sidecar = _section(spec, "sidecar")
     sidecar_resources = _section(sidecar, "resources")
     service = _section(spec, "service")
+    grpc = _section(spec, "grpc")
     autoscaling = _section(spec, "autoscaling")
 
     handler = str(model.get("handler", ""))
@@ -227,6 +231,8 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
         sidecar_memory=str(sidecar_resources.get("memory", "256Mi")),
         service_type=str(service.get("type", "ClusterIP")),
         service_port=int(service.get("port", 80)),
+        grpc_enabled=bool(grpc.get("enabled", True)),
+        grpc_service_port=int(grpc.get("port", GRPC_PORT)),
         pod_monitor=bool(_section(spec, "monitoring").get("podMonitor", False)),
         autoscaling=Autoscaling(
             enabled=bool(autoscaling.get("enabled", False)),

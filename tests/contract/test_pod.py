@@ -13,6 +13,7 @@ from carpool.contract.pod import (
     CONFIG_DIR,
     CONFIG_FILE,
     DRAIN_SECONDS,
+    GRPC_PORT,
     MODEL_MAX_BATCH_SIZE,
     MODEL_SERVER_COMMAND,
     MODEL_SERVER_URL,
@@ -38,10 +39,14 @@ def _no_carpool_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def pod_commands() -> dict[str, list[str]]:
-    (deployment,) = [m for m in render(BODY) if m["kind"] == "Deployment"]
+def pod_containers(body: dict[str, Any] = BODY) -> dict[str, dict[str, Any]]:
+    (deployment,) = [m for m in render(body) if m["kind"] == "Deployment"]
     containers = deployment["spec"]["template"]["spec"]["containers"]
-    return {container["name"]: container["command"] for container in containers}
+    return {container["name"]: container for container in containers}
+
+
+def pod_commands() -> dict[str, list[str]]:
+    return {name: container["command"] for name, container in pod_containers().items()}
 
 
 def parse(command: click.Command, argv: list[str]) -> dict[str, Any]:
@@ -70,6 +75,21 @@ def test_the_sidecar_reads_its_pod_command() -> None:
     assert (options["host"], options["port"]) == ("0.0.0.0", SIDECAR_PORT)
     assert options["drain_seconds"] == DRAIN_SECONDS
     assert options["config_file"] == f"{CONFIG_DIR}/{CONFIG_FILE}"
+    assert options["grpc_port"] == GRPC_PORT
+
+
+def test_the_sidecar_listens_where_its_container_ports_point() -> None:
+    sidecar = pod_containers()["sidecar"]
+    options = parse(sidecar_command, sidecar["command"])
+    ports = {port["name"]: port["containerPort"] for port in sidecar["ports"]}
+    assert ports == {"http": options["port"], "grpc": options["grpc_port"]}
+
+
+def test_a_sidecar_without_grpc_is_told_so() -> None:
+    body = {**BODY, "spec": {**BODY["spec"], "grpc": {"enabled": False}}}
+    sidecar = pod_containers(body)["sidecar"]
+    assert parse(sidecar_command, sidecar["command"])["grpc_port"] == 0
+    assert [port["name"] for port in sidecar["ports"]] == ["http"]
 
 
 def test_a_local_run_defaults_to_what_the_pod_is_told() -> None:
@@ -78,6 +98,7 @@ def test_a_local_run_defaults_to_what_the_pod_is_told() -> None:
     assert sidecar["model_server"] == MODEL_SERVER_URL
     assert sidecar["port"] == SIDECAR_PORT
     assert sidecar["drain_seconds"] == DRAIN_SECONDS
+    assert sidecar["grpc_port"] == GRPC_PORT
     argv = ["carpool", "model-server", "--handler", "toy", "--socket", SOCKET_PATH]
     model_server = model_server_config.parse(parse(model_server_command, argv))
     assert model_server.max_batch_size == MODEL_MAX_BATCH_SIZE

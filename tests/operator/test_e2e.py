@@ -85,7 +85,7 @@ def test_apply_creates_owned_children(cluster: Cluster) -> None:
         assert not security["allowPrivilegeEscalation"]
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
 
-    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http", "grpc"]
     settings = json.loads(config["data"]["batching.json"])
     assert settings["maxBatchSize"] == 8
     # The status shows what the sidecars run with: the spec over the operator's defaults.

@@ -15,7 +15,7 @@ from carpool.contract.batching import DISPATCH_MODES, KNOBS, Batching
 from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.operator.defaults import Defaults
 from carpool.operator.render import DEFAULT_IMAGE, render
-from carpool.operator.schema import apply_defaults
+from carpool.operator.schema import apply_defaults, validate
 from carpool.operator.spec import SpecError
 from carpool.sidecar.config import BatchingSettings, apply_file
 
@@ -78,6 +78,7 @@ SPECS: dict[str, dict[str, Any]] = {
         autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 6},
         monitoring={"podMonitor": True, "labels": {"release": "kube-prometheus-stack"}},
         service={"type": "LoadBalancer", "port": 8080},
+        grpc={"port": 443},
     ),
     "gpu-tuned": model(
         model={
@@ -90,6 +91,7 @@ SPECS: dict[str, dict[str, Any]] = {
         runtimeClassName="nvidia",
         rollout={"maxSurge": 1, "maxUnavailable": "50%"},
         shutdown={"drainDelaySeconds": 0},
+        grpc={"enabled": False},
     ),
     "storage": model(
         model={
@@ -145,12 +147,15 @@ def test_pod_layout_follows_the_architecture() -> None:
     assert sidecar["command"] == [
         "carpool", "sidecar", "--model-name", "m",
         "--model-server", "unix:///run/carpool/model.sock",
-        "--host", "0.0.0.0", "--port", "8080",
+        "--host", "0.0.0.0", "--port", "8080", "--grpc-port", "8081",
         "--drain-seconds", "30",
         "--drain-delay-seconds", "10",
         "--config-file", "/etc/carpool/batching.json",
     ]  # fmt: skip
-    assert [port["containerPort"] for port in sidecar["ports"]] == [8080]
+    assert [(port["name"], port["containerPort"]) for port in sidecar["ports"]] == [
+        ("http", 8080),
+        ("grpc", 8081),
+    ]
     for container in (server, sidecar):
         socket_mount = {"name": "socket", "mountPath": "/run/carpool"}
         assert socket_mount in container["volumeMounts"]
@@ -161,9 +166,61 @@ def test_pod_layout_follows_the_architecture() -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
 
     service = by_kind(manifests)["Service"]
-    assert service["spec"]["ports"] == [
-        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("http", 80, "http"),
+        ("grpc", 8081, "grpc"),
     ]
+
+
+def service_ports(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {port["name"]: port for port in by_kind(manifests)["Service"]["spec"]["ports"]}
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_grpc_is_served_and_exposed_by_default() -> None:
+    manifests = render(SPECS["minimal"])
+    sidecar = containers(manifests)["sidecar"]
+    assert flag(sidecar["command"], "--grpc-port") == "8081"
+    assert {"name": "grpc", "containerPort": 8081, "protocol": "TCP"} in sidecar["ports"]
+    ports = service_ports(manifests)
+    # A mesh or gateway reads appProtocol to speak HTTP/2 to the grpc port, HTTP/1 to http.
+    assert ports["grpc"] == {
+        "name": "grpc",
+        "port": 8081,
+        "targetPort": "grpc",
+        "protocol": "TCP",
+        "appProtocol": "grpc",
+    }
+    assert ports["http"]["appProtocol"] == "http"
+
+
+def test_grpc_service_port_is_a_setting() -> None:
+    manifests = render(SPECS["autoscaled"])
+    ports = service_ports(manifests)
+    assert (ports["http"]["port"], ports["grpc"]["port"]) == (8080, 443)
+    assert ports["grpc"]["targetPort"] == "grpc"  # the sidecar listens on 8081 still
+    assert flag(containers(manifests)["sidecar"]["command"], "--grpc-port") == "8081"
+
+
+def test_grpc_can_be_turned_off() -> None:
+    manifests = render(SPECS["gpu-tuned"])
+    sidecar = containers(manifests)["sidecar"]
+    # Said explicitly: a sidecar left to its own default would listen on 8081.
+    assert flag(sidecar["command"], "--grpc-port") == "0"
+    assert [port["name"] for port in sidecar["ports"]] == ["http"]
+    assert list(service_ports(manifests)) == ["http"]
+
+
+def test_grpc_and_http_cannot_share_a_service_port() -> None:
+    clash = model(service={"port": 9000}, grpc={"port": 9000})
+    causes = validate(apply_defaults(clash, SCHEMA), SCHEMA)
+    assert [cause.field for cause in causes] == ["spec.grpc.port"]
+    assert "grpc.port and service.port name the same Service port" in causes[0].message
+    off = model(service={"port": 9000}, grpc={"enabled": False, "port": 9000})
+    assert validate(apply_defaults(off, SCHEMA), SCHEMA) == []
 
 
 def test_batching_lives_in_the_config_map_only() -> None:
