@@ -16,6 +16,8 @@ from carpool.batching import DeadlineExceeded, QueueFull
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    if name == "carpool_requests_total":
+        labels = {"protocol": "inprocess", **labels}
     return registry.get_sample_value(name, labels) or 0.0
 
 

@@ -17,7 +17,7 @@ SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def problems(weights: dict[str, Any]) -> list[tuple[str, str]]:
-    body = {"spec": {"model": {"handler": "toy", "weights": weights}}}
+    body = {"metadata": {"name": "m"}, "spec": {"model": {"handler": "toy", "weights": weights}}}
     return [
         (c.field, c.message.split(": ")[-1]) for c in validate(apply_defaults(body, SCHEMA), SCHEMA)
     ]

@@ -64,7 +64,7 @@ WRONG = {
     "negative-replicas": ({"replicas": -3}, "spec.replicas: Invalid value: -3"),
     "two-weight-sources": (
         {"model": {"handler": "toy", "weights": {"pvc": {"claimName": "w"}, "image": {}}}},
-        "weights needs exactly one of image, pvc or uri",
+        "weights needs exactly one of image, pvc, uri or storageUri",
     ),
     "huge-batch": ({"batching": {"maxBatchSize": 100000}}, "less than or equal to 1024"),
     "replicas-as-words": ({"replicas": "two"}, "spec.replicas in body must be of type integer"),
