@@ -20,6 +20,9 @@ service_pb2_grpc = tritongrpc.service_pb2_grpc
 
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.5"}
 ONE_AT_A_TIME = ("--max-batch-size", "1", "--max-inflight-batches", "1")
+# No drain delay: the sidecar stops accepting at once (with a delay it serves new calls while
+# endpoints go, which the REST shutdown scenarios cover).
+NO_DELAY = ("--drain-delay-seconds", "0")
 
 
 def toy_request(value: float) -> Any:
@@ -30,7 +33,9 @@ def toy_request(value: float) -> Any:
 
 
 async def test_sigterm_answers_queued_calls_and_refuses_new_ones(tmp_path: Path) -> None:
-    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *ONE_AT_A_TIME, env=SLOW) as pair:
+    with run_pair(
+        tmp_path, "model_handlers:SlowInferHandler", *ONE_AT_A_TIME, *NO_DELAY, env=SLOW
+    ) as pair:
         sidecar = pair.sidecar
         async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
