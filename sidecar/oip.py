@@ -13,7 +13,12 @@ from typing import Any
 import orjson
 
 from carpool.contract.wire import DATATYPES
-from carpool.sidecar.bounds import UNBOUNDED, RequestBounds, declared_bytes
+from carpool.sidecar.bounds import (
+    UNBOUNDED,
+    RequestBounds,
+    check_declared_shapes,
+    declared_bytes,
+)
 from carpool.sidecar.errors import BadRequest
 from carpool.sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool.sidecar.tensors import RequestTensor, binary_bytes, from_binary, from_json, json_values
@@ -38,6 +43,7 @@ def parse_request(
         header_length = len(body)
     if not 0 < header_length <= len(body):
         raise BadRequest(f"{HEADER_LENGTH} {header_length} does not fit a {len(body)}-byte body")
+    check_declared_shapes(view[:header_length], bounds)
     document = loads(view[:header_length])
     if not isinstance(document, dict):
         raise BadRequest("request must be a JSON object")

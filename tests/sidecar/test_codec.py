@@ -99,7 +99,7 @@ def test_kserve_v1_64_bit_integers_are_exact() -> None:
     ("header", "message"),
     [
         ({"datatype": "FP32", "shape": [9, 4], "data": []}, "9 items, more than maxQueueItems 8"),
-        ({"datatype": "FP32", "shape": [2, 10**6], "data": []}, "8000000 bytes"),
+        ({"datatype": "FP32", "shape": [2, 10**6], "data": []}, "2000000 elements"),
         (
             {"datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 10**6}},
             "1000000 bytes",
@@ -113,6 +113,15 @@ def test_declared_items_and_bytes_are_bounded_before_the_data_is_read(
     document = {"inputs": [{"name": "x", **header}]}
     with pytest.raises(PayloadTooLarge, match=message):
         parse_request(orjson.dumps(document), None, RequestBounds(max_items=8, max_bytes=4096))
+
+
+def test_a_json_body_declaring_too_many_items_is_refused_from_its_text() -> None:
+    """Refused before it is parsed: the data after the shape is not even valid JSON."""
+    body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [4000000, 4], "data": [0,'
+    with pytest.raises(PayloadTooLarge, match="4000000 items, more than maxQueueItems 1024"):
+        parse_request(body, None, RequestBounds(max_items=1024, max_bytes=2**30))
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        parse_request(body, None, RequestBounds(max_items=2**30, max_bytes=2**40))
 
 
 def test_binary_inputs_are_read_in_order_without_copies() -> None:
