@@ -8,6 +8,9 @@ together batch whenever their batch keys allow it.
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,9 @@ import pytest
 from jsonschema import Draft202012Validator
 from library.tiny_lm import WORDS
 from support.sidecar import Pair, Sidecar, get, metric, run_pair
+
+from carpool import processes
+from carpool.processes import free_port
 
 MODEL = "gen"
 GENERATE = f"/v2/models/{MODEL}/generate"
@@ -201,3 +207,31 @@ async def test_a_model_that_does_not_generate_text_gets_400(tmp_path: Path) -> N
             status, answer = await post(http, toy.sidecar, request("the sky"), path=url)
     assert status == 400
     assert "text_input" in answer["error"] and "/infer" in answer["error"]
+
+
+def test_carpool_serve_answers_generate_as_documented(pair: Pair, tiny_lm_path: Path) -> None:
+    port = free_port()
+    command = processes.carpool_command("serve", "--handler", "text-generation")
+    command += ["--model-path", str(tiny_lm_path), "--device", "cpu", "--torch-threads", "1"]
+    command += ["--port", str(port), "--grpc-port", str(free_port())]
+    body = orjson.dumps(request("the cat sat", max_new_tokens=16, stop=["\n"]))
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "ready at" in line:
+                break
+        url = f"http://127.0.0.1:{port}/v2/models/text-generation/generate"
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as reply:
+            served = orjson.loads(reply.read())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    alone = urllib.request.Request(pair.sidecar.url + GENERATE, data=body)
+    with urllib.request.urlopen(alone, timeout=30) as reply:
+        expected = orjson.loads(reply.read())["text_output"]
+    assert served == {
+        "model_name": "text-generation",
+        "model_version": "1",
+        "text_output": expected,
+    }
