@@ -48,7 +48,7 @@ class GenerateResponse:
 def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[RequestTensor]:
     """The request as one item of the model's inputs; BadRequest when the model does not
     generate text or does not take a setting the request gives."""
-    check_generates(metadata)
+    _check_generates(metadata)
     given: list[tuple[str, object, object]] = [
         (MAX_NEW_TOKENS, request.max_new_tokens, DEFAULT_MAX_NEW_TOKENS),
         (TEMPERATURE, request.temperature, 0.0),
@@ -67,7 +67,7 @@ def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[Requ
     return inputs
 
 
-def check_generates(metadata: ModelMetadata) -> None:
+def _check_generates(metadata: ModelMetadata) -> None:
     """BadRequest unless the model takes a `text_input` and gives a `text_output`, as text."""
     for kind, name, spec in (
         ("input", TEXT_INPUT, metadata.input(TEXT_INPUT)),
