@@ -1,6 +1,7 @@
 """The sidecar's HTTP front: routes and middleware over the DataPlane.
 
-Handlers are thin: parse with a codec (`oip`, `kserve_v1`), call the data plane, encode.
+Handlers are thin: parse with a codec (`oip`, `oip_generate`, `kserve_v1`), call the data
+plane, encode.
 The middleware is the one place errors become HTTP. The object graph comes from `build`.
 """
 
@@ -18,7 +19,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from carpool.contract.metadata import TensorSpec
-from carpool.sidecar import bodies, headers, kserve_v1, oip, openapi, reading
+from carpool.sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool.sidecar import operations as op
 from carpool.sidecar.build import Sidecar, build_sidecar
 from carpool.sidecar.config import SidecarConfig
@@ -133,6 +134,18 @@ async def v1_predict(request: web.Request) -> web.Response:
     return web.Response(body=kserve_v1.encode_response(response), content_type="application/json")
 
 
+async def v2_generate(request: web.Request) -> web.Response:
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
+    timeout_ms = headers.timeout_ms(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    generate_request = oip_generate.parse_request(body)
+    response = await dataplane.generate(generate_request, timeout_ms, arrived_at)
+    return web.Response(
+        body=oip_generate.encode_response(response), content_type="application/json"
+    )
+
+
 async def live(request: web.Request) -> web.Response:
     # Not live once a background task has died: the kubelet restarts the container.
     is_live = request.app[SIDECAR].dataplane.live
@@ -210,6 +223,9 @@ ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
     ("GET", "/v2/models/{name}/versions/{version}/ready", model_ready, op.MODEL_READY, None),
     ("POST", "/v2/models/{name}/infer", v2_infer, op.INFER, "v2-infer"),
     ("POST", "/v2/models/{name}/versions/{version}/infer", v2_infer, op.INFER, "v2-infer-version"),
+    ("POST", "/v2/models/{name}/generate", v2_generate, op.GENERATE, "v2-generate"),
+    ("POST", "/v2/models/{name}/versions/{version}/generate", v2_generate, op.GENERATE,
+     "v2-generate-version"),
     ("GET", "/v1/models/{name:[^/:]+}", model_ready, op.MODEL_READY, None),
     ("POST", "/v1/models/{name:[^/:]+}:predict", v1_predict, op.PREDICT, "v1-predict"),
     ("GET", "/metrics", metrics, op.METRICS, None),

@@ -62,21 +62,23 @@ class ModelReady(TypedDict):
     ready: bool
 
 
+Priority = Annotated[int, Field(description="Higher is served first.")]
+TimeoutUs = Annotated[
+    float,
+    Field(
+        gt=0,
+        description="Deadline in microseconds, as Triton clients send it; it only ever "
+        "shortens the configured timeoutMs.",
+        json_schema_extra={"x-unit": "microseconds"},
+    ),
+]
+
+
 class InferParameters(TypedDict):
     """Request parameters; unknown keys are ignored."""
 
-    priority: NotRequired[Annotated[int, Field(description="Higher is served first.")]]
-    timeout: NotRequired[
-        Annotated[
-            float,
-            Field(
-                gt=0,
-                description="Deadline in microseconds, as Triton clients send it; it only "
-                "ever shortens the configured timeoutMs.",
-                json_schema_extra={"x-unit": "microseconds"},
-            ),
-        ]
-    ]
+    priority: NotRequired[Priority]
+    timeout: NotRequired[TimeoutUs]
     binary_data_output: NotRequired[bool]
 
 
@@ -134,3 +136,34 @@ class PredictRequest(TypedDict):
 
 class PredictResponse(TypedDict):
     predictions: list[Any]
+
+
+class GenerationParameters(TypedDict):
+    """Generation settings, sent to the model's inputs of the same names, and the request's
+    priority and deadline; unknown keys are ignored."""
+
+    max_new_tokens: NotRequired[
+        Annotated[int, Field(ge=1, description="Tokens to generate at most (default 32).")]
+    ]
+    temperature: NotRequired[
+        Annotated[float, Field(ge=0, description="0 (default): greedy; above 0: sampling.")]
+    ]
+    stop: NotRequired[
+        Annotated[
+            str | list[str],
+            Field(description="Stop strings: the output ends before the first one."),
+        ]
+    ]
+    priority: NotRequired[Priority]
+    timeout: NotRequired[TimeoutUs]
+
+
+class GenerationRequest(TypedDict):
+    text_input: Annotated[str, Field(description="The prompt.")]
+    parameters: NotRequired[GenerationParameters]
+
+
+class GenerationResponse(TypedDict):
+    model_name: str
+    model_version: str
+    text_output: Annotated[str, Field(description="The generated text, without the prompt.")]

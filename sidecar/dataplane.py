@@ -1,6 +1,7 @@
 """The sidecar's logic between the HTTP routes and the batching engine.
 
-Protocol-neutral: the v2 and v1 routes (and any other front end) hand it an InferRequest.
+Protocol-neutral: the v2 and v1 routes (and any other front end) hand it an InferRequest,
+the generate route a GenerateRequest.
 It checks a request against the model's metadata, cuts it into items, picks the batch
 group (BatchKey) and deadline, awaits the results and stacks them back into whole tensors.
 """
@@ -15,6 +16,7 @@ import numpy.typing as npt
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
+from carpool.sidecar import generation
 from carpool.sidecar.bounds import RequestBounds
 from carpool.sidecar.engine import Batcher
 from carpool.sidecar.errors import (
@@ -24,6 +26,7 @@ from carpool.sidecar.errors import (
     ModelNotFound,
     Unavailable,
 )
+from carpool.sidecar.generation import GenerateRequest, GenerateResponse
 from carpool.sidecar.health import ModelState
 from carpool.sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
 from carpool.sidecar.pending import BatchKey
@@ -100,24 +103,42 @@ class DataPlane:
         body was read and parsed."""
         metadata = self.metadata()
         inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
+        output_names = _output_names(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        results = await self._submit(inputs, metadata, deadline, request.priority)
+        outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
+        binary = _binary_outputs(request, output_names)
+        return InferResponse(self.model_name, request.id, outputs, binary)
+
+    async def generate(
+        self, request: GenerateRequest, header_timeout_ms: float | None, arrived_at: float
+    ) -> GenerateResponse:
+        """Generate text for one prompt, batched with other requests (/infer ones too) whose
+        prompt length and max_new_tokens fall in the same buckets."""
+        metadata = self.metadata()
+        inputs = generation.model_inputs(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        results = await self._submit(inputs, metadata, deadline, request.priority)
+        (output,) = _output_of_items(generation.TEXT_OUTPUT, results)
+        return GenerateResponse(self.model_name, generation.text_of(output))
+
+    async def _submit(
+        self,
+        inputs: Sequence[RequestTensor],
+        metadata: ModelMetadata,
+        deadline: float,
+        priority: int,
+    ) -> Sequence[ItemResult]:
+        """Check the inputs, cut them into items and await one result per item."""
         count = _check_inputs(inputs, metadata)
         nbytes = sum(tensor.nbytes for tensor in inputs)
         # Before the items are cut: an oversized request costs no per-item objects.
         self.bounds().check_items(count)
         self.bounds().check_bytes(nbytes)
-        output_names = _output_names(request, metadata)
         key, lengths = _batch_key(inputs, metadata)
-        results = await self.batcher.submit(
-            _items(inputs, count),
-            key,
-            self.deadline(arrived_at, request.timeout_ms, header_timeout_ms),
-            priority=request.priority,
-            lengths=lengths,
-            nbytes=nbytes,
+        return await self.batcher.submit(
+            _items(inputs, count), key, deadline, priority=priority, lengths=lengths, nbytes=nbytes
         )
-        outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
-        binary = _binary_outputs(request, output_names)
-        return InferResponse(self.model_name, request.id, outputs, binary)
 
 
 def _as_column(tensor: RequestTensor, metadata: ModelMetadata) -> RequestTensor:
@@ -213,7 +234,8 @@ def _batch_key(
     any shape within one length bucket share a batch. BYTES items always go by length bucket:
     a handler takes their elements as a list. An item's length is the largest, over its
     inputs, of the element count of the variable dimensions (padded numeric) or of the
-    longest element in bytes (BYTES: a cheap proxy for the token count).
+    longest element in bytes (BYTES: a cheap proxy for the token count). Text generation
+    items also group by their `max_new_tokens` bucket (`generation.settings_bucket`).
     """
     by_name = {tensor.name: tensor for tensor in inputs}
     signature = []
@@ -237,10 +259,11 @@ def _batch_key(
         else:
             continue
         lengths = item_lengths if lengths is None else np.maximum(lengths, item_lengths)
+    settings = generation.settings_bucket(inputs)
     if lengths is None:
-        return BatchKey(tuple(signature)), None
+        return BatchKey(tuple(signature), settings=settings), None
     bucket = length_bucket(int(lengths.max()))
-    return BatchKey(tuple(signature), bucket), lengths.tolist()
+    return BatchKey(tuple(signature), bucket, settings), lengths.tolist()
 
 
 def _items(inputs: Sequence[RequestTensor], count: int) -> list[Item]:

@@ -47,7 +47,7 @@ def parse_request(
     document = loads(view[:header_length])
     if not isinstance(document, dict):
         raise BadRequest("request must be a JSON object")
-    parameters = _parameters(document, "request")
+    parameters = parameters_of(document, "request")
     raw_inputs = document.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
@@ -68,8 +68,8 @@ def parse_request(
         id=_optional_id(document.get("id")),
         outputs=_outputs(document.get("outputs")),
         binary_output=_flag(parameters, "binary_data_output"),
-        priority=_integer(parameters, "priority", 0),
-        timeout_ms=_timeout(parameters),
+        priority=integer_parameter(parameters, "priority", 0),
+        timeout_ms=timeout_parameter(parameters),
     )
 
 
@@ -99,7 +99,7 @@ def _declare(raw: Any) -> _Declared:
         raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
     if shape[0] == 0:
         raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
-    size = _parameters(raw, f"input {name!r}").get("binary_data_size")
+    size = parameters_of(raw, f"input {name!r}").get("binary_data_size")
     if size is None:
         if "data" not in raw:
             raise BadRequest(f"input {name!r}: neither 'data' nor binary_data_size")
@@ -124,7 +124,7 @@ def _convert(
     return RequestTensor(name, datatype, dims, data), offset + size
 
 
-def _parameters(raw: dict[str, Any], where: str) -> dict[str, Any]:
+def parameters_of(raw: dict[str, Any], where: str) -> dict[str, Any]:
     parameters = raw.get("parameters", {})
     if not isinstance(parameters, dict):
         raise BadRequest(f"{where}: 'parameters' must be an object")
@@ -140,7 +140,7 @@ def _outputs(raw: Any) -> list[RequestedOutput] | None:
     for entry in raw:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise BadRequest("each requested output must be an object with a 'name'")
-        parameters = _parameters(entry, f"output {entry['name']!r}")
+        parameters = parameters_of(entry, f"output {entry['name']!r}")
         binary = _flag(parameters, "binary_data") if "binary_data" in parameters else None
         outputs.append(RequestedOutput(entry["name"], binary))
     return outputs
@@ -159,14 +159,14 @@ def _flag(parameters: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _integer(parameters: dict[str, Any], key: str, default: int) -> int:
+def integer_parameter(parameters: dict[str, Any], key: str, default: int) -> int:
     value = parameters.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
         raise BadRequest(f"parameter {key!r} must be an integer, got {value!r}")
     return value
 
 
-def _timeout(parameters: dict[str, Any]) -> float | None:
+def timeout_parameter(parameters: dict[str, Any]) -> float | None:
     """`parameters.timeout` in milliseconds; clients send it in microseconds, as for Triton."""
     value = parameters.get("timeout")
     if value is None:

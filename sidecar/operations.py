@@ -109,5 +109,13 @@ PREDICT = Operation(
     (TIMEOUT,),
     bodies.PredictRequest,
 )
+GENERATE = Operation(
+    "Open Inference Protocol generate extension: text for one prompt, for models that take "
+    "text_input and give text_output.",
+    bodies.GenerationResponse,
+    INFER_ERRORS,
+    (TIMEOUT,),
+    bodies.GenerationRequest,
+)
 METRICS = Operation("Prometheus metrics.", None, media_type="text/plain")
 OPENAPI = Operation("This document (OpenAPI 3.1).", None)

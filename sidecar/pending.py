@@ -15,11 +15,13 @@ class BatchKey:
 
     `signature` holds the input names, datatypes and per-item shapes (variable dimensions
     replaced by the bucket); `bucket` is the power-of-two length bucket of variable-length
-    items, None for fixed-shape ones.
+    items, None for fixed-shape ones; `settings` what the items' own settings require to
+    be equal (text generation: the power-of-two bucket of `max_new_tokens`), None if nothing.
     """
 
     signature: Hashable
     bucket: int | None = None
+    settings: Hashable = None
 
 
 @dataclass(slots=True, eq=False)

@@ -1,0 +1,237 @@
+"""Text generation through the sidecar: the Open Inference Protocol generate extension.
+
+A real sidecar in front of a real model server running the text-generation handler on the
+tiny GPT-2. The sidecar waits a fixed 300 ms for each batch to fill, so requests sent
+together batch whenever their batch keys allow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+from jsonschema import Draft202012Validator
+from library.tiny_lm import WORDS
+from support.sidecar import Pair, Sidecar, get, metric, run_pair
+
+from carpool import processes
+from carpool.processes import free_port
+
+MODEL = "gen"
+GENERATE = f"/v2/models/{MODEL}/generate"
+WAIT_MS = 300
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, tiny_lm_path: Path) -> Iterator[Pair]:
+    model_args = ["--model-path", str(tiny_lm_path), "--device", "cpu", "--warmup-sizes", "1,4"]
+    sidecar_args = ["--dispatch", "fixed", "--max-wait-ms", str(WAIT_MS)]
+    sidecar_args += ["--max-batch-size", "32"]
+    with run_pair(
+        tmp_path_factory.mktemp("generate"),
+        "text-generation",
+        *sidecar_args,
+        model_args=model_args,
+        model=MODEL,
+    ) as running:
+        yield running
+
+
+async def post(
+    http: aiohttp.ClientSession,
+    sidecar: Sidecar,
+    body: object,
+    path: str = GENERATE,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    async with http.post(sidecar.url + path, data=orjson.dumps(body), headers=headers) as reply:
+        return reply.status, orjson.loads(await reply.read())
+
+
+def request(prompt: str, **parameters: Any) -> dict[str, Any]:
+    return {"text_input": prompt, "parameters": parameters}
+
+
+def mixed_requests() -> list[dict[str, Any]]:
+    """Prompts of 1 to 40 words (three prompt-length buckets) with mixed settings."""
+    rng = np.random.default_rng(11)
+    requests = []
+    for index in range(16):
+        prompt = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 40))))
+        parameters: dict[str, Any] = {"max_new_tokens": int(rng.choice([3, 4, 12, 14, 25]))}
+        if index % 3 == 0:
+            parameters["stop"] = ["sun", "moon"]
+        if index % 4 == 1:
+            parameters["temperature"] = 0
+        if index % 5 == 2:
+            del parameters["max_new_tokens"]  # the default, 32
+        requests.append(request(prompt, **parameters))
+    return requests
+
+
+def batches(sidecar: Sidecar) -> tuple[float, float]:
+    """(batches run, items in them) so far."""
+    return (
+        metric(sidecar, "carpool_batch_size_count"),
+        metric(sidecar, "carpool_batch_size_sum"),
+    )
+
+
+def validator(sidecar: Sidecar, status: int) -> Draft202012Validator:
+    """The schema /openapi.json documents for a generate answer with `status`."""
+    document = orjson.loads(get(sidecar, "/openapi.json")[1])
+    operation = document["paths"]["/v2/models/{name}/generate"]["post"]
+    schema = operation["responses"][str(status)]["content"]["application/json"]["schema"]
+    return Draft202012Validator({**schema, "components": document["components"]})
+
+
+async def test_concurrent_requests_batch_and_each_gets_what_it_gets_alone(pair: Pair) -> None:
+    sidecar = pair.sidecar
+    requests = mixed_requests()
+    async with aiohttp.ClientSession() as http:
+        alone = []
+        for body in requests:
+            status, answer = await post(http, sidecar, body)
+            assert status == 200, answer
+            alone.append(answer["text_output"])
+        before = batches(sidecar)
+        # A sampled neighbour puts its batch on the sampling path; greedy rows must not notice.
+        sampled = request(requests[0]["text_input"], max_new_tokens=14, temperature=1.5)
+        answers = await asyncio.gather(*(post(http, sidecar, r) for r in [*requests, sampled]))
+    after = batches(sidecar)
+    assert [status for status, _ in answers] == [200] * len(answers)
+    assert [answer["text_output"] for _, answer in answers[:-1]] == alone
+    assert all(text for text in alone)
+    assert isinstance(answers[-1][1]["text_output"], str)
+    ok = validator(sidecar, 200)
+    for _, answer in answers:
+        ok.validate(answer)
+        assert answer["model_name"] == MODEL and answer["model_version"] == "1"
+    batch_count, item_count = after[0] - before[0], after[1] - before[1]
+    assert item_count == len(answers)
+    # 17 requests in at most 3 prompt-length x 4 max_new_tokens buckets: they shared batches.
+    assert batch_count <= len(answers) / 2, (batch_count, item_count)
+
+
+async def test_short_requests_do_not_share_a_batch_with_long_ones(pair: Pair) -> None:
+    sidecar = pair.sidecar
+    prompt = "the cat sat on the mat"
+
+    async def together(*limits: int) -> float:
+        before = batches(sidecar)
+        async with aiohttp.ClientSession() as http:
+            answers = await asyncio.gather(
+                *(post(http, sidecar, request(prompt, max_new_tokens=n)) for n in limits)
+            )
+        assert [status for status, _ in answers] == [200] * len(limits)
+        after = batches(sidecar)
+        assert after[1] - before[1] == len(limits)
+        return after[0] - before[0]
+
+    assert await together(2, 30) == 2  # buckets 2 and 32
+    assert await together(5, 7, 8) == 1  # all in bucket 8
+
+
+async def test_infer_and_generate_give_the_same_text(pair: Pair) -> None:
+    sidecar = pair.sidecar
+    prompt = "a red house by the river"
+    inputs = [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [prompt]},
+        {"name": "max_new_tokens", "datatype": "INT32", "shape": [1, 1], "data": [9]},
+        {"name": "temperature", "datatype": "FP32", "shape": [1, 1], "data": [0.0]},
+        {"name": "stop", "datatype": "BYTES", "shape": [1, 1], "data": [""]},
+    ]
+    async with aiohttp.ClientSession() as http:
+        status, generated = await post(http, sidecar, request(prompt, max_new_tokens=9))
+        assert status == 200, generated
+        status, inferred = await post(
+            http, sidecar, {"inputs": inputs}, path=f"/v2/models/{MODEL}/infer"
+        )
+        assert status == 200, inferred
+        versioned = f"/v2/models/{MODEL}/versions/1/generate"
+        status, again = await post(http, sidecar, request(prompt, max_new_tokens=9), versioned)
+    assert inferred["outputs"][0]["data"] == [generated["text_output"]]
+    assert status == 200 and again == generated
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        request("the sky", max_new_tokens=0),
+        request("the sky", max_new_tokens="many"),
+        request("the sky", temperature=-1),
+        request("the sky", stop=5),
+        request("the sky", priority=1.5),
+        request("the " * 250, max_new_tokens=10),  # past the model's context of 256 tokens
+        {"parameters": {"max_new_tokens": 3}},
+        {"text_input": ["not", "a", "string"]},
+        [1, 2],
+    ],
+)
+async def test_bad_requests_get_400(pair: Pair, body: object) -> None:
+    before = metric(pair.sidecar, "carpool_requests_total", code="400")
+    async with aiohttp.ClientSession() as http:
+        status, answer = await post(http, pair.sidecar, body)
+    assert status == 400, answer
+    validator(pair.sidecar, 400).validate(answer)
+    assert metric(pair.sidecar, "carpool_requests_total", code="400") == before + 1
+
+
+async def test_the_deadline_counts_as_for_infer(pair: Pair) -> None:
+    async with aiohttp.ClientSession() as http:
+        # The batch waits WAIT_MS to fill: a shorter deadline passes first.
+        status, answer = await post(
+            http, pair.sidecar, request("the sky", timeout=WAIT_MS / 3 * 1000)
+        )
+        assert status == 504, answer
+        headers = {"X-Carpool-Timeout-Ms": str(WAIT_MS / 3)}
+        status, answer = await post(http, pair.sidecar, request("the sky"), headers=headers)
+        assert status == 504, answer
+        status, answer = await post(http, pair.sidecar, request("the sky", timeout=30e6))
+        assert status == 200, answer
+
+
+async def test_a_model_that_does_not_generate_text_gets_400(tmp_path: Path) -> None:
+    with run_pair(tmp_path, "toy") as toy:
+        async with aiohttp.ClientSession() as http:
+            url = "/v2/models/toy/generate"
+            status, answer = await post(http, toy.sidecar, request("the sky"), path=url)
+    assert status == 400
+    assert "text_input" in answer["error"] and "/infer" in answer["error"]
+
+
+def test_carpool_serve_answers_generate_as_documented(pair: Pair, tiny_lm_path: Path) -> None:
+    port = free_port()
+    command = processes.carpool_command("serve", "--handler", "text-generation")
+    command += ["--model-path", str(tiny_lm_path), "--device", "cpu", "--torch-threads", "1"]
+    command += ["--port", str(port), "--grpc-port", str(free_port())]
+    body = orjson.dumps(request("the cat sat", max_new_tokens=16, stop=["\n"]))
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "ready at" in line:
+                break
+        url = f"http://127.0.0.1:{port}/v2/models/text-generation/generate"
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=30) as reply:
+            served = orjson.loads(reply.read())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    alone = urllib.request.Request(pair.sidecar.url + GENERATE, data=body)
+    with urllib.request.urlopen(alone, timeout=30) as reply:
+        expected = orjson.loads(reply.read())["text_output"]
+    assert served == {
+        "model_name": "text-generation",
+        "model_version": "1",
+        "text_output": expected,
+    }
