@@ -18,17 +18,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from carpool.contract import generation
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.model_server.errors import InvalidItem
 from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
 
-TEXT_INPUT = TensorSpec("text_input", BYTES, (1,))
-MAX_NEW_TOKENS = TensorSpec("max_new_tokens", "INT32", (1,))
-TEMPERATURE = TensorSpec("temperature", "FP32", (1,))
-STOP = TensorSpec("stop", BYTES, (-1,))
-TEXT_OUTPUT = TensorSpec("text_output", BYTES, (1,))
-DEFAULT_MAX_NEW_TOKENS = 32
+TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,))
+MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,))
+TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,))
+STOP = TensorSpec(generation.STOP, BYTES, (-1,))
+TEXT_OUTPUT = TensorSpec(generation.TEXT_OUTPUT, BYTES, (1,))
 WARMUP_PROMPT = "carpool warms up the model"
 
 
@@ -124,7 +124,7 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
         if not prompt_ids:
             raise InvalidItem(f"input {TEXT_INPUT.name!r} holds no tokens")
-        max_new = DEFAULT_MAX_NEW_TOKENS
+        max_new = generation.DEFAULT_MAX_NEW_TOKENS
         if MAX_NEW_TOKENS.name in item:
             max_new = int(_number(item[MAX_NEW_TOKENS.name], MAX_NEW_TOKENS.name))
         if max_new < 1:

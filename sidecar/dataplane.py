@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from carpool.contract.generation import TEXT_OUTPUT
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
 from carpool.sidecar import generation
@@ -119,7 +120,7 @@ class DataPlane:
         inputs = generation.model_inputs(request, metadata)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority)
-        (output,) = _output_of_items(generation.TEXT_OUTPUT, results)
+        (output,) = _output_of_items(TEXT_OUTPUT, results)
         return GenerateResponse(self.model_name, generation.text_of(output))
 
     async def _submit(

@@ -13,18 +13,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from carpool.contract.generation import (
+    DEFAULT_MAX_NEW_TOKENS,
+    MAX_NEW_TOKENS,
+    STOP,
+    TEMPERATURE,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
 from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import BYTES, Tensor
 from carpool.sidecar.errors import BadModelResponse, BadRequest
 from carpool.sidecar.tensors import RequestTensor, from_json, json_values
-
-TEXT_INPUT = "text_input"
-TEXT_OUTPUT = "text_output"
-MAX_NEW_TOKENS = "max_new_tokens"
-TEMPERATURE = "temperature"
-STOP = "stop"
-# The text-generation handler's own default; sent when a request leaves it out.
-DEFAULT_MAX_NEW_TOKENS = 32
 
 
 @dataclass(frozen=True, slots=True)

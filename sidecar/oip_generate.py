@@ -12,16 +12,9 @@ from typing import Any
 
 import orjson
 
+from carpool.contract.generation import MAX_NEW_TOKENS, STOP, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT
 from carpool.sidecar.errors import BadRequest
-from carpool.sidecar.generation import (
-    MAX_NEW_TOKENS,
-    STOP,
-    TEMPERATURE,
-    TEXT_INPUT,
-    TEXT_OUTPUT,
-    GenerateRequest,
-    GenerateResponse,
-)
+from carpool.sidecar.generation import GenerateRequest, GenerateResponse
 from carpool.sidecar.inference import MODEL_VERSION
 from carpool.sidecar.oip import integer_parameter, loads, parameters_of, timeout_parameter
 
