@@ -80,7 +80,8 @@ def command(
     name = model_name or handler
     model = ["model-server", "--handler", handler, "--model-name", name]
     sidecar = ["sidecar", "--model-name", name, "--host", host, "--port", str(port)]
-    sidecar += ["--grpc-port", str(grpc_port)]
+    # No load balancer to wait for locally: on a signal, stop accepting and drain at once.
+    sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", "0"]
     model += _flags(passed, MODEL_FLAGS)
     sidecar += _flags(passed, [flag for flag, _ in BATCHING_FLAGS] + ["dispatch"])
     demo = Demo(demo_clients, demo_seconds, demo_requests) if demo_load else None
