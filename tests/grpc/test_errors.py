@@ -14,9 +14,17 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from support.model_server import SUPPORT_DIR, ModelServer, http_get
-from support.sidecar import Pair, Sidecar, metric, run_pair, run_sidecar, wait_for
+from support.model_server import SUPPORT_DIR
+from support.sidecar import (
+    Pair,
+    Sidecar,
+    metric,
+    model_items,
+    run_pair,
+    run_sidecar,
+    until,
+    wait_for,
+)
 
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 service_pb2 = tritongrpc.service_pb2
@@ -47,22 +55,6 @@ def toy_request(rows: list[list[float]], model: str = "toy", **parameters: int) 
     for key, value in parameters.items():
         request.parameters[key].int64_param = value
     return request
-
-
-def model_items(server: ModelServer) -> float:
-    status, body = http_get(server, "/metrics")
-    assert status == 200
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == "carpool_model_items_total":
-                return float(sample.value)
-    return 0.0
-
-
-async def until(sidecar: Sidecar, name: str, value: float) -> None:
-    await asyncio.to_thread(
-        wait_for, lambda: metric(sidecar, name) == value, 10.0, f"{name} == {value}"
-    )
 
 
 async def start_blocker(stub: Any, sidecar: Sidecar) -> asyncio.Future[Any]:

@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from support.model_server import SUPPORT_DIR, ModelServer, http_get
-from support.sidecar import Pair, Sidecar, infer, metric, run_pair, wait_for
+from support.model_server import SUPPORT_DIR
+from support.sidecar import Pair, Sidecar, infer, metric, model_items, run_pair, until
 
 SIDECAR_ARGS = ("--max-batch-size", "1", "--max-inflight-batches", "1", "--max-queue-items", "3")
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.3"}
@@ -30,22 +29,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
-
-
-def model_items(server: ModelServer) -> float:
-    status, body = http_get(server, "/metrics")
-    assert status == 200
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            if sample.name == "carpool_model_items_total":
-                return float(sample.value)
-    return 0.0
-
-
-async def until(sidecar: Sidecar, name: str, value: float) -> None:
-    await asyncio.to_thread(
-        wait_for, lambda: metric(sidecar, name) == value, 10.0, f"{name} == {value}"
-    )
 
 
 async def start_blocker(http: aiohttp.ClientSession, sidecar: Sidecar) -> asyncio.Task[object]:

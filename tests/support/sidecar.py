@@ -15,6 +15,7 @@ restart the model server under it. Processes are stopped (SIGTERM, then SIGKILL)
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 import urllib.error
@@ -30,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from carpool import processes
 from carpool.processes import free_port
-from support.model_server import ModelServer, run_model_server
+from support.model_server import ModelServer, http_get, run_model_server
 
 
 @dataclass(frozen=True)
@@ -162,3 +163,21 @@ def _wait_until_up(sidecar: Sidecar, path: str, timeout_s: float) -> None:
         processes.wait_ready([sidecar.process], lambda: processes.http_ok(up), timeout_s, "sidecar")
     except processes.NotReady as error:
         raise AssertionError(f"{error} ({path}):\n{sidecar.log()}") from None
+
+
+def model_items(server: ModelServer) -> float:
+    """Items the model server has run (its carpool_model_items_total)."""
+    status, body = http_get(server, "/metrics")
+    assert status == 200
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "carpool_model_items_total":
+                return float(sample.value)
+    return 0.0
+
+
+async def until(sidecar: Sidecar, name: str, value: float) -> None:
+    """Wait, off the event loop, until the sidecar's metric `name` reads `value`."""
+    await asyncio.to_thread(
+        wait_for, lambda: metric(sidecar, name) == value, 10.0, f"{name} == {value}"
+    )
