@@ -13,13 +13,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from carpool.contract import wire
-from carpool.model_server.errors import BadRequest, ServerError
+from carpool.model_server.errors import ServerError
 from carpool.model_server.service import ModelService
 
 log = logging.getLogger(__name__)
 SERVICE = web.AppKey("service", ModelService)
-# Large enough for a max-size batch of sizeable tensors; aiohttp's default is 1 MiB.
-MAX_BODY_BYTES = 256 * 1024 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -39,13 +37,8 @@ async def errors_to_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 async def batch(request: web.Request) -> web.Response:
-    body = await request.read()
-    try:
-        items = wire.decode_request(body)
-    except wire.WireError as error:
-        raise BadRequest(f"invalid batch body: {error}") from error
-    results = await request.app[SERVICE].infer(items)
-    return web.Response(body=wire.encode_response(results), content_type=wire.CONTENT_TYPE)
+    answer = await request.app[SERVICE].infer_body(await request.read())
+    return web.Response(body=answer, content_type=wire.CONTENT_TYPE)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -88,6 +81,6 @@ def probe_app(service: ModelService, client_max_size: int = 1024**2) -> web.Appl
 
 
 def data_app(service: ModelService) -> web.Application:
-    app = probe_app(service, client_max_size=MAX_BODY_BYTES)
+    app = probe_app(service, client_max_size=wire.MAX_BODY_BYTES)
     app.router.add_post("/batch", batch)
     return app

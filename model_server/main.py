@@ -17,6 +17,7 @@ import click
 from aiohttp import web
 
 from carpool.comma_list import CommaList
+from carpool.contract import frames
 from carpool.model_server import config as config_module
 from carpool.model_server.config import Config
 from carpool.model_server.errors import ConfigError
@@ -115,7 +116,7 @@ def _with_options(function: Callable[..., None]) -> Callable[..., None]:
     help="file that gets the reason of a failed start (the pod's terminationMessagePath)",
 )
 def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
-    """Serve a torch model: POST /batch runs a whole batch in one forward pass."""
+    """Serve a torch model: each batch (framed stream or POST /batch) runs in one forward pass."""
     try:
         config = config_module.parse(cast(config_module.Options, options))
     except ConfigError as error:
@@ -143,11 +144,16 @@ async def serve(config: Config) -> int:
     # Imported here so `--help` and config errors do not wait for torch.
     from carpool.model_server.app import data_app, probe_app
     from carpool.model_server.build import build_service
+    from carpool.model_server.frame_server import FrameServer
 
     service = build_service(config)
+    frame_server = FrameServer(service)
     if config.socket is not None:
+        frame_socket = Path(frames.socket_for(config.socket))
         _remove_stale_socket(config.socket)
+        _remove_stale_socket(frame_socket)
         runners = [await _listen(data_app(service), config.socket)]
+        await frame_server.start(frame_socket)
     else:
         assert config.port is not None
         runners = [await _listen(data_app(service), (config.host, config.port))]
@@ -174,6 +180,7 @@ async def serve(config: Config) -> int:
         await _drain(service, config.drain_seconds)
     log.info("shutting down")
     stopping.cancel()
+    await frame_server.close(SHUTDOWN_TIMEOUT_S)
     for runner in runners:
         await runner.cleanup()  # waits for requests in flight, up to SHUTDOWN_TIMEOUT_S
     # Joins the worker thread: the batch (or load) in progress finishes first.

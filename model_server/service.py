@@ -6,9 +6,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from carpool.contract import wire
 from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import Item, ItemResult
-from carpool.model_server.errors import NotReady
+from carpool.model_server.errors import BadRequest, NotReady
 from carpool.model_server.runner import Runner
 
 
@@ -34,6 +35,14 @@ class ModelService:
         finally:
             self._batches_in_flight -= 1
             self._last_batch_at = time.monotonic()
+
+    async def infer_body(self, body: bytes) -> bytes:
+        """One batch in the wire format, as the HTTP route and the framed stream carry it."""
+        try:
+            items = wire.decode_request(body)
+        except wire.WireError as error:
+            raise BadRequest(f"invalid batch body: {error}") from error
+        return wire.encode_response(await self.infer(items))
 
     def idle_for(self) -> float:
         """Seconds since the last batch finished; 0 while one is in flight."""

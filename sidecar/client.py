@@ -1,7 +1,9 @@
-"""The sidecar's HTTP client for its model server, over a UDS (`unix://`) or TCP (`http://`).
+"""The sidecar's client for its model server, over a UDS (`unix://`) or TCP (`http://`).
 
-Every failure to get a well-formed answer becomes a SidecarError: the batch's callers get
-503 at once, and the next batch simply opens a new connection.
+Probes and metadata are HTTP. Batches take the framed stream beside a `unix://` socket
+(frame_client.py) and `POST /batch` over `http://`. Every failure to get a well-formed
+answer becomes a SidecarError: the batch's callers get 503 at once, and the next batch
+opens a new connection.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from carpool.contract import wire
+from carpool.contract import frames, wire
 from carpool.contract.metadata import MetadataError, ModelMetadata
 from carpool.sidecar.errors import BadModelResponse, ModelUnreachable, Unavailable
+from carpool.sidecar.frame_client import FramedBatches
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
@@ -22,15 +25,20 @@ PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 class ModelClient:
     def __init__(self, url: str) -> None:
         connector: aiohttp.BaseConnector
+        self._frames: FramedBatches | None = None
         if url.startswith("unix://"):
-            connector = aiohttp.UnixConnector(path=url.removeprefix("unix://"))
+            path = url.removeprefix("unix://")
+            connector = aiohttp.UnixConnector(path=path)
             self._base = "http://model-server"
+            self._frames = FramedBatches(frames.socket_for(path))
         else:
             connector = aiohttp.TCPConnector()
             self._base = url.rstrip("/")
         self._session = aiohttp.ClientSession(connector=connector)
 
     async def close(self) -> None:
+        if self._frames is not None:
+            await self._frames.close()
         await self._session.close()
 
     async def ready(self) -> bool:
@@ -63,6 +71,18 @@ class ModelClient:
     async def infer(self, items: Sequence[wire.Item], timeout_s: float) -> list[wire.ItemResult]:
         """One batch round trip: one result per item, in order."""
         body = wire.encode_request(items)
+        if self._frames is not None:
+            payload = await self._frames.send(body, timeout_s)
+        else:
+            payload = await self._post(body, timeout_s)
+        try:
+            return wire.decode_response(payload)
+        except wire.WireError as error:
+            raise BadModelResponse(
+                f"model server sent a malformed batch answer: {error}"
+            ) from error
+
+    async def _post(self, body: bytes, timeout_s: float) -> bytes:
         try:
             async with self._session.post(
                 f"{self._base}/batch",
@@ -78,9 +98,4 @@ class ModelClient:
             raise Unavailable(f"model server did not answer within {timeout_s:.3f} s") from error
         except aiohttp.ClientError as error:
             raise ModelUnreachable(f"model server unreachable: {error!r}") from error
-        try:
-            return wire.decode_response(payload)
-        except wire.WireError as error:
-            raise BadModelResponse(
-                f"model server sent a malformed batch answer: {error}"
-            ) from error
+        return payload

@@ -24,6 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 CONTENT_TYPE = "application/vnd.carpool.batch+msgpack"
+# The largest body either side reads, over HTTP or in a frame: a max-size batch of sizeable
+# tensors (aiohttp's default limit is 1 MiB).
+MAX_BODY_BYTES = 256 * 1024 * 1024
 
 # Open Inference Protocol datatype -> numpy dtype of its little-endian buffer.
 # BF16 has no numpy dtype: its buffer travels as raw 16-bit words, read as uint16.
