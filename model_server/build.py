@@ -29,5 +29,7 @@ def build_service(config: Config) -> ModelService:
             raise ConfigError(key_name("example_shape"), shape, str(error)) from error
     handler = handler_class(HandlerSettings(config.model_path, dtype, config.max_batch_size))
     metrics = ModelMetrics.create(config.model_name)
-    runner = Runner(handler, device, metrics, config.max_batch_size, warmup_item)
+    runner = Runner(
+        handler, device, metrics, config.max_batch_size, warmup_item, pipeline=config.pipeline
+    )
     return ModelService(config.model_name, runner)

@@ -35,6 +35,7 @@ class Config:
     warmup_sizes: tuple[int, ...]
     example_shape: tuple[int, ...] | None
     drain_seconds: int
+    pipeline: bool
 
 
 def key_name(option: str) -> str:
@@ -60,6 +61,7 @@ class Options(TypedDict, total=False):
     warmup_sizes: tuple[int, ...] | None
     example_shape: tuple[int, ...] | None
     drain_seconds: int | None
+    pipeline: bool | None
 
 
 def parse(options: Options) -> Config:
@@ -96,6 +98,7 @@ def parse(options: Options) -> Config:
         warmup_sizes=_warmup_sizes(options.get("warmup_sizes"), max_batch_size),
         example_shape=options.get("example_shape"),
         drain_seconds=DEFAULT_DRAIN_SECONDS if drain_seconds is None else drain_seconds,
+        pipeline=options.get("pipeline") is not False,
     )
 
 

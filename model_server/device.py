@@ -46,6 +46,15 @@ def require_cuda(device: str) -> None:
         raise GpuMissing(f"a GPU is required (--require-gpu) but no CUDA device is visible; {why}")
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Move a host tensor to `device`; to a GPU from pinned memory without blocking, so that
+    preprocess on its own thread queues the copy and returns (the worker's kernels run on the
+    same stream, after it)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def resolve_dtype(config: Config, device: torch.device) -> torch.dtype:
     """fp16 needs a GPU: CPU kernels for it are slow or missing. bf16 runs on both."""
     if config.dtype == "fp16" and device.type != "cuda":

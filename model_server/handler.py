@@ -2,7 +2,9 @@
 
 A handler is a class referenced by a built-in short name or as `module:Class`. The server
 builds it with the settings it needs, calls `load` once on the worker thread, then for every
-batch `preprocess` -> `infer` -> `postprocess`, all under `torch.inference_mode`.
+batch `preprocess` -> `infer` -> `postprocess`, all under `torch.inference_mode`. A handler
+that sets `preprocess_overlaps_infer` has `preprocess` run on a thread of its own, for the
+next batch while the worker runs this one; two `preprocess` calls never run at once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -60,6 +62,9 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
     """
 
     metadata: Metadata
+    # True when `preprocess` shares no mutable state with `infer` and `postprocess` (a
+    # tokenizer that only preprocess calls is fine): the server then pipelines batches.
+    preprocess_overlaps_infer: ClassVar[bool] = False
 
     def __init__(self, settings: HandlerSettings) -> None:
         self.settings = settings

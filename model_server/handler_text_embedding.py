@@ -19,6 +19,7 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
+from carpool.model_server.device import to_device
 from carpool.model_server.errors import InvalidItem
 from carpool.model_server.handler import Handler, Prepared, check_limits, split_valid
 
@@ -46,6 +47,7 @@ class Tokens:
 
 
 class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
+    preprocess_overlaps_infer = True  # the tokenizer serves preprocess alone
     metadata = Metadata(
         platform="pytorch_transformers",
         inputs=(TEXT,),
@@ -77,9 +79,9 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
             return_tensors="pt",
         )
         tokens = Tokens(
-            input_ids=encoded["input_ids"].to(self.device),
-            attention_mask=encoded["attention_mask"].to(self.device),
-            token_type_ids=encoded["token_type_ids"].to(self.device),
+            input_ids=to_device(encoded["input_ids"], self.device),
+            attention_mask=to_device(encoded["attention_mask"], self.device),
+            token_type_ids=to_device(encoded["token_type_ids"], self.device),
         )
         return Prepared(tokens, len(texts), rejected)
 

@@ -17,6 +17,7 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
+from carpool.model_server.device import to_device
 from carpool.model_server.errors import InvalidItem
 from carpool.model_server.handler import Handler, Prepared, split_valid
 
@@ -25,6 +26,7 @@ OUTPUT = TensorSpec("output", "FP32", (-1,))
 
 
 class TorchScriptHandler(Handler[torch.Tensor, torch.Tensor]):
+    preprocess_overlaps_infer = True
     metadata = Metadata(platform="pytorch_torchscript", inputs=(INPUT,), outputs=(OUTPUT,))
 
     def load(self, device: torch.device) -> None:
@@ -51,7 +53,7 @@ class TorchScriptHandler(Handler[torch.Tensor, torch.Tensor]):
                 rows.append(array)
         if not rows:
             return Prepared(None, 0, rejected)
-        batch = torch.from_numpy(np.stack(rows)).to(self.device, self.settings.dtype)
+        batch = to_device(torch.from_numpy(np.stack(rows)).to(self.settings.dtype), self.device)
         return Prepared(batch, len(rows), rejected)
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:

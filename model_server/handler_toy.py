@@ -14,6 +14,7 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
+from carpool.model_server.device import to_device
 from carpool.model_server.errors import InvalidItem
 from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
 
@@ -27,6 +28,7 @@ class PoisonError(RuntimeError):
 
 
 class ToyHandler(Handler[torch.Tensor, torch.Tensor]):
+    preprocess_overlaps_infer = True
     metadata = Metadata(platform="carpool_toy", inputs=(INPUT,), outputs=(OUTPUT,))
 
     def load(self, device: torch.device) -> None:
@@ -34,7 +36,7 @@ class ToyHandler(Handler[torch.Tensor, torch.Tensor]):
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[torch.Tensor]:
         rows, rejected = split_valid(items, _check)
-        batch = torch.from_numpy(np.stack(rows)).to(self.device) if rows else None
+        batch = to_device(torch.from_numpy(np.stack(rows)), self.device) if rows else None
         return Prepared(batch, len(rows), rejected)
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:

@@ -85,6 +85,12 @@ OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
         "after SIGTERM, keep serving while batches still arrive, at most this long "
         f"(default {config_module.DEFAULT_DRAIN_SECONDS})",
     ),
+    (
+        "pipeline",
+        click.BOOL,
+        "preprocess the next batch on a thread of its own while the model runs one "
+        "(default true; for handlers that allow it)",
+    ),
 )
 
 

@@ -1,7 +1,9 @@
-"""Runs batches through a handler on one dedicated worker thread.
+"""Runs batches through a handler on one dedicated worker thread, preprocess pipelined ahead.
 
-All torch work (load, warm-up, every batch) happens on that one thread, so the event loop
-keeps answering health checks and the model never sees two batches at once. Failures are
+All model work (load, warm-up, every forward pass) happens on that one thread, so the event
+loop keeps answering health checks and the model never sees two batches at once. When the
+handler allows it, `preprocess` runs on a second thread: batch n+1 is tokenized (and copied
+to the GPU) while batch n runs. Failures are
 isolated per item here: invalid items are answered 400 while their neighbours run; a batch
 whose forward pass raises is split in halves and retried until only the failing items
 remain, which are answered 500. An error that poisons the device (`fatal.is_fatal`) is not
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +26,7 @@ import torch
 from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool.model_server.fatal import is_fatal
-from carpool.model_server.handler import AnyHandler
+from carpool.model_server.handler import AnyHandler, Prepared
 from carpool.model_server.metrics import ModelMetrics
 
 log = logging.getLogger(__name__)
@@ -39,8 +42,10 @@ class Runner:
         metrics: ModelMetrics,
         max_batch_size: int,
         warmup_item: Item | None = None,
+        pipeline: bool = True,
     ) -> None:
-        """`warmup_item`, when given, replaces the handler's own example item in warm-up."""
+        """`warmup_item`, when given, replaces the handler's own example item in warm-up;
+        `pipeline` False keeps preprocess on the worker even where the handler allows more."""
         self.handler = handler
         self.device = device
         self.metrics = metrics
@@ -49,10 +54,17 @@ class Runner:
         # Set once, on the worker thread, by the first fatal error; read by the health probe.
         self.failure: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-infer")
+        self._preparer: ThreadPoolExecutor | None = None
+        if pipeline and handler.preprocess_overlaps_infer:
+            self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-prep")
+        # The worker preprocesses too (warm-up, isolation): one preprocess at a time.
+        self._preprocessing = threading.Lock()
 
     async def load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
         """Load the model and run one warm-up batch of each size, on the worker thread."""
-        await self._on_worker(self._load, torch_threads, warmup_sizes)
+        if self._preparer is not None and torch_threads is not None:
+            await self._on(self._preparer, torch.set_num_threads, torch_threads)
+        await self._on(self._executor, self._load, torch_threads, warmup_sizes)
 
     async def run(self, items: Sequence[Item]) -> list[ItemResult]:
         """Answer every item, in order; a request above the max batch size runs as several.
@@ -62,18 +74,42 @@ class Runner:
         results: list[ItemResult] = []
         for start in range(0, len(items), self.max_batch_size):
             chunk = items[start : start + self.max_batch_size]
-            results.extend(await self._on_worker(self._run_measured, chunk))
+            prepared = None
+            if self._preparer is not None:
+                prepared = await self._on(self._preparer, self._prepare, chunk)
+            results.extend(await self._on(self._executor, self._run_measured, chunk, prepared))
         return results
 
     def close(self) -> None:
         """Let the batch in flight finish; batches not started yet are dropped."""
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=True, cancel_futures=True)
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    async def _on_worker(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    async def _on(
+        self,
+        thread: ThreadPoolExecutor,
+        function: Callable[P, R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, functools.partial(function, *args, **kwargs)
-        )
+        return await loop.run_in_executor(thread, functools.partial(function, *args, **kwargs))
+
+    def _prepare(self, items: Sequence[Item]) -> Prepared[object] | None:
+        """Preprocess ahead of the worker. None leaves it to the worker: there a failing
+        item is isolated (or a fatal error stops the device) as without the pipeline."""
+        if self.failure is not None:
+            return None
+        try:
+            return self._preprocess(items)
+        except Exception:
+            return None
+
+    def _preprocess(self, items: Sequence[Item]) -> Prepared[object]:
+        with self._preprocessing, torch.inference_mode():
+            prepared: Prepared[object] = self.handler.preprocess(items)
+        return prepared
 
     def _load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
         if torch_threads is not None:
@@ -98,12 +134,14 @@ class Runner:
             log.info("warm-up batch of %d took %.3fs", size, time.monotonic() - started)
         self.metrics.observe_gpu(self.device)
 
-    def _run_measured(self, items: Sequence[Item]) -> list[ItemResult]:
+    def _run_measured(
+        self, items: Sequence[Item], prepared: Prepared[object] | None = None
+    ) -> list[ItemResult]:
         if self.failure is not None:
             raise DeviceFailed(f"the device failed earlier, a restart is pending: {self.failure}")
         started = time.monotonic()
         try:
-            results = self._isolate(items)
+            results = self._isolate(items, prepared)
         except DeviceFailed:
             self.metrics.observe_batch(len(items), time.monotonic() - started, 0, len(items))
             raise
@@ -113,13 +151,16 @@ class Runner:
         self.metrics.observe_gpu(self.device)
         return results
 
-    def _isolate(self, items: Sequence[Item]) -> list[ItemResult]:
-        """One forward pass; if it raises, bisect so that only the failing items get the error.
+    def _isolate(
+        self, items: Sequence[Item], prepared: Prepared[object] | None = None
+    ) -> list[ItemResult]:
+        """One forward pass (of `prepared` when given); if it raises, bisect so that only the
+        failing items get the error.
 
         A single poison item in a batch of n costs about 2 * log2(n) extra forward passes.
         """
         try:
-            return self._forward(items)
+            return self._forward(items, prepared)
         except InferError as error:
             # The handler broke its contract: retrying smaller batches would not fix it.
             return [ItemResult.failed(str(error), InferError.status)] * len(items)
@@ -134,9 +175,12 @@ class Runner:
             log.warning("item failed in the model: %r", error)
             return [ItemResult.failed(_describe(error), InferError.status)]
 
-    def _forward(self, items: Sequence[Item]) -> list[ItemResult]:
+    def _forward(
+        self, items: Sequence[Item], prepared: Prepared[object] | None
+    ) -> list[ItemResult]:
+        if prepared is None:
+            prepared = self._preprocess(items)
         with torch.inference_mode():
-            prepared = self.handler.preprocess(items)
             accepted_count = len(items) - len(prepared.rejected)
             if prepared.accepted_count != accepted_count:
                 raise InferError(
