@@ -23,14 +23,16 @@ PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
 class ModelClient:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, framed: bool = True) -> None:
+        """`framed` False sends batches as `POST /batch` over a socket too (bench/hop.py)."""
         connector: aiohttp.BaseConnector
         self._frames: FramedBatches | None = None
         if url.startswith("unix://"):
             path = url.removeprefix("unix://")
             connector = aiohttp.UnixConnector(path=path)
             self._base = "http://model-server"
-            self._frames = FramedBatches(frames.socket_for(path))
+            if framed:
+                self._frames = FramedBatches(frames.socket_for(path))
         else:
             connector = aiohttp.TCPConnector()
             self._base = url.rstrip("/")
