@@ -1,0 +1,161 @@
+"""The model server's framed listener in process, with the toy model and the sidecar's own
+client: many batches on one connection, refusals that leave the connection serving,
+cancellation, and a shutdown that lets the batch in flight finish."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from carpool.contract import frames, wire
+from carpool.contract.wire import Tensor
+from carpool.model_server.frame_server import FrameServer
+from carpool.model_server.handler import HandlerSettings
+from carpool.model_server.handler_toy import ToyHandler
+from carpool.model_server.metrics import ModelMetrics
+from carpool.model_server.runner import Runner
+from carpool.model_server.service import ModelService
+from carpool.sidecar.client import ModelClient
+from carpool.sidecar.errors import Unavailable
+
+FORWARD_S = 0.2
+
+
+class SlowToy(ToyHandler):
+    """The toy model; a batch whose first value is negative takes FORWARD_S."""
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        super().__init__(settings)
+        self.forwarded: list[float] = []
+
+    def infer(self, batch: torch.Tensor) -> torch.Tensor:
+        self.forwarded.append(float(batch[0, 0]))
+        if batch[0, 0] < 0:
+            time.sleep(FORWARD_S)
+        return super().infer(batch)
+
+
+def item(value: float) -> dict[str, Tensor]:
+    return {"input": Tensor.from_numpy(np.full(4, value, dtype=np.float32))}
+
+
+def values(results: Sequence[wire.ItemResult]) -> list[float]:
+    return [float(r.outputs["output"].to_numpy()[0]) for r in results if r.outputs]
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[FrameServer, SlowToy, Path]]:
+    handler = SlowToy(HandlerSettings(None, torch.float32, 16))
+    service = ModelService(
+        "toy", Runner(handler, torch.device("cpu"), ModelMetrics.create("toy"), 16)
+    )
+    await service.start(1, [])
+    http_socket = tmp_path / "model.sock"
+    server = FrameServer(service)
+    await server.start(Path(frames.socket_for(http_socket)))
+    try:
+        yield server, handler, http_socket
+    finally:
+        await server.close(5.0)
+        service.runner.close()
+
+
+async def raw_call(
+    path: Path, frames_out: Sequence[bytes], answers: int
+) -> list[tuple[int, int, bytes]]:
+    """Write frames on one fresh connection; read `answers` frames back."""
+    reader, writer = await asyncio.open_unix_connection(frames.socket_for(path))
+    try:
+        writer.writelines(frames_out)
+        got = []
+        for _ in range(answers):
+            length, request_id, code = frames.HEADER.unpack(
+                await reader.readexactly(frames.HEADER.size)
+            )
+            got.append((request_id, code, await reader.readexactly(length)))
+        return got
+    finally:
+        writer.close()
+
+
+def frame(request_id: int, code: int, payload: bytes) -> bytes:
+    return frames.header(len(payload), request_id, code) + payload
+
+
+async def test_concurrent_batches_share_one_connection_and_keep_their_order(
+    served: tuple[FrameServer, SlowToy, Path],
+) -> None:
+    _, _, socket = served
+    client = ModelClient(f"unix://{socket}")
+    try:
+        batches = [[item(10 * b + i) for i in range(4)] for b in range(8)]
+        results = await asyncio.gather(*(client.infer(batch, 10.0) for batch in batches))
+    finally:
+        await client.close()
+    assert [values(r) for r in results] == [
+        [2 * (10 * b + i) + 1 for i in range(4)] for b in range(8)
+    ]
+
+
+async def test_refusals_leave_the_connection_serving(
+    served: tuple[FrameServer, SlowToy, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, socket = served
+    monkeypatch.setattr(wire, "MAX_BODY_BYTES", 1024)
+    good = wire.encode_request([item(1)])
+    answers = await raw_call(
+        socket,
+        [
+            frame(1, frames.BATCH, b"not msgpack"),
+            frame(2, frames.BATCH, b"x" * 2048),
+            frame(3, 7, b""),
+            frame(4, frames.BATCH, good),
+        ],
+        4,
+    )
+    by_id = {request_id: (code, payload) for request_id, code, payload in answers}
+    assert by_id[1][0] == 400 and b"invalid batch body" in by_id[1][1]
+    assert by_id[2] == (413, b"batch of 2048 bytes is over 1024")
+    assert by_id[3] == (400, b"unknown frame code 7")
+    assert by_id[4][0] == frames.OK and values(wire.decode_response(by_id[4][1])) == [3]
+
+
+async def test_a_cancelled_batch_does_not_reach_the_model(
+    served: tuple[FrameServer, SlowToy, Path],
+) -> None:
+    _, handler, socket = served
+    slow, waiting = wire.encode_request([item(-1)]), wire.encode_request([item(5)])
+    answers = await raw_call(
+        socket,
+        [
+            frame(1, frames.BATCH, slow),
+            frame(2, frames.BATCH, waiting),
+            frame(2, frames.CANCEL, b""),
+            frame(3, frames.BATCH, wire.encode_request([item(6)])),
+        ],
+        2,
+    )
+    assert sorted(request_id for request_id, _, _ in answers) == [1, 3]
+    assert 5.0 not in handler.forwarded and handler.forwarded[-1] == 6.0
+
+
+async def test_shutdown_finishes_the_batch_in_flight_then_hangs_up(
+    served: tuple[FrameServer, SlowToy, Path],
+) -> None:
+    server, _, socket = served
+    client = ModelClient(f"unix://{socket}")
+    try:
+        pending = asyncio.create_task(client.infer([item(-2)], 10.0))
+        await asyncio.sleep(FORWARD_S / 4)
+        await server.close(5.0)
+        assert values(await pending) == [-3]
+        with pytest.raises(Unavailable):
+            await client.infer([item(1)], 2.0)
+    finally:
+        await client.close()
