@@ -9,6 +9,7 @@ from typing import Any
 import click
 import pytest
 
+from carpool.contract.frames import socket_for
 from carpool.contract.pod import (
     CONFIG_DIR,
     CONFIG_FILE,
@@ -19,6 +20,7 @@ from carpool.contract.pod import (
     MODEL_SERVER_URL,
     SIDECAR_COMMAND,
     SIDECAR_PORT,
+    SOCKET_DIR,
     SOCKET_PATH,
 )
 from carpool.model_server import config as model_server_config
@@ -103,3 +105,8 @@ def test_a_local_run_defaults_to_what_the_pod_is_told() -> None:
     model_server = model_server_config.parse(parse(model_server_command, argv))
     assert model_server.max_batch_size == MODEL_MAX_BATCH_SIZE
     assert model_server.drain_seconds == DRAIN_SECONDS
+
+
+def test_the_framed_socket_lies_in_the_shared_socket_folder() -> None:
+    # Both containers mount only SOCKET_DIR: a framed socket elsewhere would not be shared.
+    assert Path(socket_for(SOCKET_PATH)).parent == Path(SOCKET_DIR)

@@ -25,6 +25,7 @@ from support.model_server import (
 
 from carpool.contract import wire
 from carpool.contract.wire import ItemResult, Tensor
+from carpool.sidecar.client import ModelClient
 
 HERE = Path(__file__).resolve().parent
 
@@ -114,6 +115,17 @@ async def test_concurrent_batches_are_all_answered(server: ModelServer) -> None:
         assert [output_of(r)[:2] for r in results] == [
             [2 * base + 1, 2 * (base + k) + 1] for k in range(3)
         ]
+
+
+async def test_the_framed_socket_serves_batches_as_post_does(server: ModelServer) -> None:
+    items = [toy_item(1, 2, 3, 4), toy_item(float("inf"), 0, 0, 0), toy_item(5, 6, 7, 8)]
+    client = ModelClient(f"unix://{server.socket}")
+    try:
+        framed = await client.infer(items, 10.0)
+    finally:
+        await client.close()
+    assert framed == await post_batch(server, items)
+    assert [r.status for r in framed] == [200, 400, 200]
 
 
 async def test_empty_batch_gets_empty_results(server: ModelServer) -> None:
