@@ -31,6 +31,8 @@ class _Link:
         return self._reading.done()
 
     async def call(self, body: bytes) -> Answer:
+        if self.broken:  # its reader would never answer
+            raise ModelUnreachable("model server connection closed")
         request_id = next(self._ids) % frames.ID_MODULUS
         answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = answer
@@ -41,7 +43,7 @@ class _Link:
         except ConnectionError as error:
             raise ModelUnreachable(f"model server connection broke: {error!r}") from error
         finally:
-            if self._waiting.pop(request_id, None) is not None and not self.broken:
+            if self._waiting.pop(request_id, None) is not None and not self._writer.is_closing():
                 # Given up on (timeout, cancelled caller): the model server may skip it.
                 self._writer.write(frames.header(0, request_id, frames.CANCEL))
 
