@@ -28,7 +28,8 @@ class PoisonError(RuntimeError):
 
 
 class ToyHandler(Handler[torch.Tensor, torch.Tensor]):
-    preprocess_overlaps_infer = True
+    # No pipeline: its preprocess is too cheap to overlap, and the extra thread hop would
+    # cost the model server CPU per batch (bench/hop.py).
     metadata = Metadata(platform="carpool_toy", inputs=(INPUT,), outputs=(OUTPUT,))
 
     def load(self, device: torch.device) -> None:

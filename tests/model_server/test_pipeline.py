@@ -22,7 +22,11 @@ from carpool.model_server.runner import Runner
 FORWARD_S = 0.05
 
 
-class SlowToy(ToyHandler):
+class PipelinedToy(ToyHandler):
+    preprocess_overlaps_infer = True
+
+
+class SlowToy(PipelinedToy):
     """The toy model with a forward pass of FORWARD_S; it logs when each step of each batch
     (named by its first value) begins and ends."""
 
@@ -65,9 +69,19 @@ def make(handler_class: type[ToyHandler], pipeline: bool = True) -> tuple[Runner
     ), handler
 
 
-@pytest.mark.parametrize("pipeline", [True, False])
-async def test_the_next_batch_is_preprocessed_while_one_runs(pipeline: bool) -> None:
-    runner, handler = make(SlowToy, pipeline)
+class SlowToyOfSharedState(SlowToy):
+    preprocess_overlaps_infer = False
+
+
+@pytest.mark.parametrize(
+    ("handler_class", "flag", "pipeline"),
+    [(SlowToy, True, True), (SlowToy, False, False), (SlowToyOfSharedState, True, False)],
+    ids=["pipelined", "turned-off", "not-allowed-by-the-handler"],
+)
+async def test_the_next_batch_is_preprocessed_while_one_runs(
+    handler_class: type[SlowToy], flag: bool, pipeline: bool
+) -> None:
+    runner, handler = make(handler_class, flag)
     assert isinstance(handler, SlowToy)
     await runner.load(1, [])
     try:
@@ -83,7 +97,7 @@ async def test_the_next_batch_is_preprocessed_while_one_runs(pipeline: bool) -> 
     assert ("carpool-prep_0" in handler.threads) is pipeline
 
 
-class BrokenPreprocess(ToyHandler):
+class BrokenPreprocess(PipelinedToy):
     """A preprocess bug (not a refusal) on an item holding 13."""
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[torch.Tensor]:
@@ -104,7 +118,7 @@ async def test_an_item_that_breaks_preprocess_fails_alone() -> None:
     assert "preprocess cannot handle 13" in (results[1].error or "")
 
 
-class PoisonedPreprocess(ToyHandler):
+class PoisonedPreprocess(PipelinedToy):
     """A copy to the device that trips a device-side assert, as on a poisoned CUDA context."""
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[torch.Tensor]:
