@@ -1,8 +1,9 @@
 """The binary wire format between the sidecar and the model server.
 
 One msgpack document per batch, in a frame (frames.py) or an HTTP body; tensors travel as
-raw little-endian buffers, never as JSON numbers. Both sides import this module, so the format has exactly one definition.
-`docs/wire-format.md` describes it for implementers in other languages.
+raw little-endian buffers, never as JSON numbers. Both sides import this module, so the
+format has exactly one definition. `docs/wire-format.md` describes it for implementers in
+other languages.
 
 Request:                 {"items": [{"inputs": {name: tensor}}, ...]}
 Response (200):          {"results": [{"outputs": {name: tensor}} | {"error": str, "status": int}]}
