@@ -71,8 +71,15 @@ PEERS: dict[str, Peer] = {
     for peer in (
         Peer("ray", ("ray[serve]==2.60.0",), "ray_app.py", "/v2/health/ready"),
         Peer("litserve", ("litserve==0.2.19",), "litserve_app.py", "/health"),
-        Peer("mlserver", ("mlserver==1.7.1",), "mlserver_app/main.py", "/v2/health/ready"),
-        Peer("bentoml", ("bentoml==1.4.40",), "bentoml_app.py", "/readyz"),
+        # MLServer's workers fail to start under uvloop 0.22 and later, whose event loop
+        # policy no longer makes a loop on request.
+        Peer(
+            "mlserver",
+            ("mlserver==1.7.1", "uvloop==0.21.0"),
+            "mlserver_app/main.py",
+            "/v2/health/ready",
+        ),
+        Peer("bentoml", ("bentoml==1.4.39",), "bentoml_app.py", "/readyz"),
     )
 }
 

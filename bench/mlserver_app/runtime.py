@@ -12,7 +12,7 @@ from typing import Any
 
 import peer_model
 from mlserver import MLModel
-from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
+from mlserver.types import Datatype, InferenceRequest, InferenceResponse, ResponseOutput
 
 
 class CarpoolModel(MLModel):  # type: ignore[misc]
@@ -27,7 +27,7 @@ class CarpoolModel(MLModel):  # type: ignore[misc]
         inputs = [
             {
                 "name": tensor.name,
-                "datatype": tensor.datatype.value,
+                "datatype": Datatype(tensor.datatype).value,
                 "shape": tensor.shape,
                 "data": getattr(tensor.data, "root", tensor.data),
             }
