@@ -71,8 +71,8 @@ PEERS: dict[str, Peer] = {
     for peer in (
         Peer("ray", ("ray[serve]==2.60.0",), "ray_app.py", "/v2/health/ready"),
         Peer("litserve", ("litserve==0.2.19",), "litserve_app.py", "/health"),
-        # MLServer's workers fail to start under uvloop 0.22 and later, whose event loop
-        # policy no longer makes a loop on request.
+        # MLServer's workers fail to start under uvloop 0.23, whose event loop policy
+        # no longer makes a loop on request; 0.21 works.
         Peer(
             "mlserver",
             ("mlserver==1.7.1", "uvloop==0.21.0"),
