@@ -59,9 +59,9 @@ def unbatched(settings: ModelSettings) -> Variant:
 
 
 def carpool(settings: ModelSettings) -> Variant:
-    return Variant(
-        "carpool", (*processes.carpool_command("serve"), *model_arguments(settings, batched=True))
-    )
+    # No gRPC port: the comparison is over HTTP, and a fixed port may be taken by another run.
+    command = (*processes.carpool_command("serve"), "--grpc-port", "0")
+    return Variant("carpool", (*command, *model_arguments(settings, batched=True)))
 
 
 def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
