@@ -1,13 +1,17 @@
 """Side by side: the same model and request mix without batching, through carpool, and
-through Ray Serve's @serve.batch, in alternating rounds, against the model's own limit.
+through the peers' batching (Ray Serve, LitServe, MLServer, BentoML), in alternating
+rounds, against the model's own limit at every batch size the load can form.
 
     python bench/compare.py                      # MiniLM, concurrency 1,8,32,64, 3 rounds
+    python bench/compare.py --install-peers      # build the peers' venvs first (downloads)
+    python bench/compare.py --peers litserve     # only this peer; --peers none: no peer
     python bench/compare.py --model trivial      # the HTTP front's own cost, concurrency 64
     python bench/compare.py --device cuda:0 --text-length long   # a batch-friendly GPU run
 
-Each round starts every variant in turn (unbatched, carpool, ray), loads it at every
-concurrency, stops it, then measures the model's in-process limit. The summary gives the
-median and range over rounds, and ratios paired round by round. Everything lands in
+Each round starts every variant in turn (unbatched, carpool, then each peer whose venv is
+built), loads it at every concurrency, stops it, then measures the model's in-process limit
+at each batch size min(clients, max batch size) and at the powers of two. The summary gives
+the median and range over rounds, and ratios paired round by round. Everything lands in
 `--results` as summary.txt, results.json and compare.png.
 """
 
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import click
 import orjson
+import peers
 import servers
 import summary
 
@@ -112,15 +117,23 @@ async def _measure(
     return measurements
 
 
+def _limit_sizes(levels: tuple[int, ...], max_batch_size: int) -> tuple[int, ...]:
+    """The batch size each concurrency can form, and the powers of two for the best one."""
+    powers = [2**exponent for exponent in range(max_batch_size.bit_length())]
+    formed = (summary.formable(level, max_batch_size) for level in levels)
+    return tuple(sorted({*powers, *formed}))
+
+
 def _limit(
     settings: servers.ModelSettings,
+    sizes: tuple[int, ...],
     round_number: int,
     results: Path,
     cpus: frozenset[int] | None,
     text_length: workload.TextLength,
-) -> summary.Limit | None:
-    """The model alone, in process, at its best batch size (bench/limit.py), on the same
-    text mix as the servers.
+) -> list[summary.Limit]:
+    """The model alone, in process, at each of `sizes` (bench/limit.py), on the same text
+    mix as the servers.
 
     limit.py prints one row per batch size: size, ms per batch, items/s.
     """
@@ -135,6 +148,8 @@ def _limit(
         str(settings.torch_threads),
         "--max-batch-size",
         str(settings.max_batch_size),
+        "--sizes",
+        ",".join(map(str, sizes)),
         "--text-length",
         text_length,
     ]
@@ -149,19 +164,34 @@ def _limit(
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
     log_path.write_text(done.stdout + done.stderr)
-    rows = []
+    limits = []
     for line in done.stdout.splitlines():
         fields = line.split()
         try:
             size, _, items_per_second = int(fields[0]), float(fields[1]), float(fields[2])
         except (IndexError, ValueError):
             continue  # the header lines
-        rows.append((items_per_second, size))
-    if done.returncode != 0 or not rows:
+        limits.append(summary.Limit(round_number, size, items_per_second))
+    if done.returncode != 0 or not limits:
         click.echo(f"limit: bench/limit.py failed ({done.returncode}); see {log_path}", err=True)
-        return None
-    items_per_second, size = max(rows)
-    return summary.Limit(round_number, size, items_per_second)
+        return []
+    return limits
+
+
+def _peer_variants(
+    names: tuple[str, ...], install: bool, settings: servers.ModelSettings
+) -> list[servers.Variant]:
+    """The peers asked for whose venvs are built (or built now, with `install`)."""
+    variants = []
+    for name in names:
+        peer = peers.PEERS[name]
+        if peers.python_for(peer, install) is None:
+            click.echo(
+                f"{name}: skipped, not installed in {peer.venv} (add --install-peers)", err=True
+            )
+        else:
+            variants.append(peer.variant(settings))
+    return variants
 
 
 @click.command()
@@ -199,8 +229,16 @@ def _limit(
 )
 @click.option("--max-batch-size", type=int, default=DEFAULTS.max_batch_size, show_default=True)
 @click.option("--max-wait-ms", type=float, default=DEFAULTS.max_wait_ms, show_default=True)
-@click.option("--no-ray", is_flag=True, help="Skip Ray Serve.")
-@click.option("--install-ray", is_flag=True, help=f"Build {servers.RAY_VENV} first.")
+@click.option(
+    "--peers",
+    "peer_names",
+    type=CommaList(click.Choice(list(peers.PEERS)), none_word="none"),
+    default=tuple(peers.PEERS),
+    help=f"Some of {','.join(peers.PEERS)}, or none [default: all whose venv is built].",
+)
+@click.option(
+    "--install-peers", is_flag=True, help="Build the missing peers' venvs under .cache/ first."
+)
 @click.option("--no-limit", is_flag=True, help="Skip the in-process limit.")
 @click.option(
     "--loadgen-cpus",
@@ -230,8 +268,8 @@ def main(
     text_length: workload.TextLength,
     max_batch_size: int,
     max_wait_ms: float,
-    no_ray: bool,
-    install_ray: bool,
+    peer_names: tuple[str, ...],
+    install_peers: bool,
     no_limit: bool,
     loadgen_cpus: tuple[range, ...] | None,
     server_cpus: tuple[range, ...] | None,
@@ -239,7 +277,7 @@ def main(
     results: Path | None,
     quiet: bool,
 ) -> None:
-    """Compare unbatched serving, carpool and Ray Serve on one model."""
+    """Compare unbatched serving, carpool and the peers' batching on one model."""
     trivial = model == "trivial"
     pinned_loadgen, pinned_servers = _cpus(loadgen_cpus), _cpus(server_cpus)
     if pinned_loadgen is not None:
@@ -255,16 +293,11 @@ def main(
         max_wait_ms=max_wait_ms,
     )
     variants = [servers.unbatched(settings), servers.carpool(settings)]
-    if trivial or no_ray:
-        click.echo("ray: skipped", err=True)
+    # The toy model takes floats, which the peer apps are not written for.
+    if trivial:
+        click.echo("peers: skipped for the trivial model", err=True)
     else:
-        python = servers.ray_python(install_ray)
-        if python is None:
-            click.echo(
-                f"ray: skipped, not installed in {servers.RAY_VENV} (add --install-ray)", err=True
-            )
-        else:
-            variants.append(servers.ray(settings, python))
+        variants += _peer_variants(peer_names, install_peers, settings)
     measure_limit = not (trivial or no_limit)
     if measure_limit and not LIMIT_SCRIPT.exists():
         click.echo(f"limit: skipped, {LIMIT_SCRIPT} is missing", err=True)
@@ -310,9 +343,14 @@ def main(
                 )
         if measure_limit:
             click.echo(f"round {round_number}/{rounds}: limit", err=True)
-            limit = _limit(settings, round_number, results, pinned_servers, text_length)
-            if limit is not None:
-                limits.append(limit)
+            limits += _limit(
+                settings,
+                _limit_sizes(levels, max_batch_size),
+                round_number,
+                results,
+                pinned_servers,
+                text_length,
+            )
 
     text = summary.render_text(measurements, limits, run_settings)
     click.echo(text)
@@ -322,6 +360,7 @@ def main(
     summary.plot(
         measurements,
         limits,
+        max_batch_size,
         results / "compare.png",
         f"{handler} on {device}, torch threads {torch_threads}",
     )

@@ -2,10 +2,13 @@
 
 Runs preprocess -> infer -> postprocess directly on a handler (no HTTP, no sidecar), so the
 figures are the ceiling any batching in front of the model can reach. Every batch size runs
-the same pool of items (`--pool`), cut into consecutive batches; prints one line per size:
-the median over repetitions of the time per batch, and items/s from it.
+the same pool of items (`--pool`), cut into consecutive full batches; prints one line per
+size: the median over repetitions of the time per batch, and items/s from it. Every size
+from 1 to `--max-batch-size` by default: a load of c clients forms batches of at most c
+items, so each concurrency has its own ceiling (bench/compare.py asks for those sizes).
 
     python bench/limit.py --handler text-embedding --torch-threads 1 --repeats 5
+    python bench/limit.py --sizes 1,8,32 --max-batch-size 32
 
 On CPU the thread count dominates the figures: always state it with them.
 """
@@ -48,6 +51,13 @@ def _length(item: Item) -> int:
     return total
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of sizes like 1,8,32")
+    return sizes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handler", default="text-embedding")
@@ -64,7 +74,13 @@ def main() -> None:
         help="batch items of similar length together (default), as the sidecar's buckets do",
     )
     parser.add_argument("--text-length", choices=get_args(TextLength), default="mixed")
+    parser.add_argument(
+        "--sizes", type=_sizes, default=None, help="e.g. 1,8,32 [default: 1 to max batch size]"
+    )
     args = parser.parse_args()
+    sizes = args.sizes or tuple(range(1, args.max_batch_size + 1))
+    if max(sizes) > args.max_batch_size:
+        parser.error(f"--sizes {max(sizes)} is above --max-batch-size {args.max_batch_size}")
 
     config = parse(
         {
@@ -92,8 +108,12 @@ def main() -> None:
     if args.group_by_length:
         # Neighbours of similar length pad least: the ceiling of any length-aware batcher.
         pool.sort(key=_length)
-    for size in config.warmup_sizes:
-        batches = [pool[start : start + size] for start in range(0, len(pool), size)]
+    for size in sizes:
+        # Full batches only, the pool read round as often as it takes: a last, partial
+        # batch would mix a smaller size into this size's figure.
+        count = -(-len(pool) // size) * size
+        cycled = [pool[index % len(pool)] for index in range(count)]
+        batches = [cycled[start : start + size] for start in range(0, count, size)]
         timings = []
         for repeat in range(args.repeats + 1):
             started = time.perf_counter()
@@ -108,7 +128,7 @@ def main() -> None:
             if repeat:  # the first pass of each size warms up
                 timings.append(time.perf_counter() - started)
         median = statistics.median(timings)
-        print(f"{size:>5} {median * 1000 / len(batches):>10.2f} {len(pool) / median:>10.1f}")
+        print(f"{size:>5} {median * 1000 / len(batches):>10.2f} {count / median:>10.1f}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The same model behind Ray Serve's `@serve.batch`, for bench/compare.py.
 
-Runs in its own virtual environment (`bench/compare.py --install-ray` builds it under
+Runs in its own virtual environment (`bench/compare.py --install-peers` builds it under
 .cache/), with carpool installed there too: the deployment speaks the sidecar's Open
 Inference Protocol JSON API through the sidecar's codec and runs carpool's handler, so only
 the batching and serving machinery differs. The model runs inside the batch method, on the

@@ -1,19 +1,18 @@
 """The servers the comparison runs: how to start each one, wait for it, and meter its CPU.
 
-Every server is a subprocess on 127.0.0.1 serving the same Open Inference Protocol JSON API;
-each is started for its turn in a round and stopped after it, so only one runs at a time.
+Every server is a subprocess on 127.0.0.1 answering the same Open Inference Protocol JSON
+request; each is started for its turn in a round and stopped after it, so only one runs at
+a time. The peers (bench/peers.py) are started the same way from their own venvs.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -22,10 +21,7 @@ from carpool import processes
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
-RAY_VENV = REPO_DIR / ".cache" / "ray-venv"
 READY_PATH = "/v2/health/ready"
-# The CPU wheel: any looser torch spec downloads gigabytes of CUDA packages.
-TORCH_SPEC = "torch==2.13.0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +41,10 @@ class Variant:
     name: str
     # Command line without the port, which is chosen at start.
     command: tuple[str, ...]
+    # Answers 200 once the model is loaded.
+    ready_path: str = READY_PATH
+    # Added to the environment the server starts with.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def unbatched(settings: ModelSettings) -> Variant:
@@ -53,44 +53,24 @@ def unbatched(settings: ModelSettings) -> Variant:
         (
             sys.executable,
             str(BENCH_DIR / "unbatched_server.py"),
-            *_common(settings),
+            *model_arguments(settings, batched=False),
         ),
     )
 
 
 def carpool(settings: ModelSettings) -> Variant:
-    # Batching flags are given explicitly (at carpool's defaults unless asked otherwise)
-    # so that Ray gets exactly the same maximum batch size and wait.
-    return Variant(
-        "carpool",
-        (
-            *processes.carpool_command("serve"),
-            *_common(settings),
-            "--max-batch-size",
-            str(settings.max_batch_size),
-            "--max-wait-ms",
-            f"{settings.max_wait_ms:g}",
-        ),
-    )
+    # No gRPC port: the comparison is over HTTP, and a fixed port may be taken by another run.
+    command = (*processes.carpool_command("serve"), "--grpc-port", "0")
+    return Variant("carpool", (*command, *model_arguments(settings, batched=True)))
 
 
-def ray(settings: ModelSettings, python: Path) -> Variant:
-    return Variant(
-        "ray",
-        (
-            str(python),
-            str(BENCH_DIR / "ray_app.py"),
-            *_common(settings),
-            "--max-batch-size",
-            str(settings.max_batch_size),
-            "--max-wait-ms",
-            f"{settings.max_wait_ms:g}",
-        ),
-    )
+def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
+    """The command-line options every variant takes alike.
 
-
-def _common(settings: ModelSettings) -> tuple[str, ...]:
-    return (
+    Batching options are given explicitly (at carpool's defaults unless asked otherwise) so
+    that every batching variant gets exactly the same maximum batch size and wait.
+    """
+    common = (
         "--handler",
         settings.handler,
         "--model-name",
@@ -100,34 +80,15 @@ def _common(settings: ModelSettings) -> tuple[str, ...]:
         "--torch-threads",
         str(settings.torch_threads),
     )
-
-
-def ray_python(install: bool) -> Path | None:
-    """The Ray venv's interpreter, with this tree's carpool in it; None if the venv is absent.
-
-    `install` builds the venv first when it is missing.
-    """
-    python = RAY_VENV / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "-q"]
-    if not python.exists():
-        if not install:
-            return None
-        subprocess.run([sys.executable, "-P", "-m", "venv", str(RAY_VENV)], check=True)
-        subprocess.run([*pip, TORCH_SPEC], check=True)
-        subprocess.run([*pip, "ray[serve]"], check=True)
-        _install_carpool(pip, "[embedding]")
-    # Every run: Ray must run the same carpool code as the other variants, not a stale copy.
-    _install_carpool([*pip, "--no-deps", "--force-reinstall"], "")
-    return python
-
-
-def _install_carpool(pip: list[str], extras: str) -> None:
-    # Built from a copy, so the build leaves no build/ or egg-info behind in the working tree.
-    with tempfile.TemporaryDirectory(prefix="carpool-src-") as folder:
-        source = Path(folder) / "carpool"
-        skip = shutil.ignore_patterns(".venv", ".cache", ".git", "build", "*.egg-info")
-        shutil.copytree(REPO_DIR, source, ignore=skip)
-        subprocess.run([*pip, f"{source}{extras}"], check=True)
+    if not batched:
+        return common
+    return (
+        *common,
+        "--max-batch-size",
+        str(settings.max_batch_size),
+        "--max-wait-ms",
+        f"{settings.max_wait_ms:g}",
+    )
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -174,14 +135,14 @@ def started(
     process = processes.spawn(
         [*variant.command, "--port", str(port)],
         log_path,
-        OFFLINE,
+        {**OFFLINE, **variant.env},
         start_new_session=True,
         # Set in the child before exec, so that its own children inherit it.
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
     )
     running = Running(variant.name, f"http://127.0.0.1:{port}", process, log_path)
     try:
-        ready = running.url + READY_PATH
+        ready = running.url + variant.ready_path
         try:
             processes.wait_ready(
                 [process], lambda: processes.http_ok(ready), timeout_s, variant.name
@@ -198,7 +159,7 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     """SIGTERM to the server's session, then SIGKILL to whatever of its tree is left.
 
     The tree is listed first: `carpool serve` puts its children in sessions of their own,
-    and Ray starts many processes, so the process group alone would miss some.
+    and the peers start many processes, so the process group alone would miss some.
     """
     try:
         tree = psutil.Process(process.pid).children(recursive=True)

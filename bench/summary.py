@@ -2,7 +2,10 @@
 
 Ratios are paired: carpool's figure in round r is divided by the other variant's figure in
 the same round r, and the median of those per-round ratios is reported with their range.
-Pairing cancels most of the drift a shared machine has between rounds.
+Pairing cancels most of the drift a shared machine has between rounds. Every variant is
+also set against the model's in-process limit of the same round, twice: at the batch size
+its load can form, min(clients, max batch size), a fair ceiling at every concurrency, and
+at the model's best batch size.
 """
 
 from __future__ import annotations
@@ -40,11 +43,38 @@ class Measurement:
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """The model alone, in process, at its best batch size, in one round."""
+    """The model alone, in process, at one batch size, in one round."""
 
     round: int
     batch_size: int
     items_per_second: float
+
+
+def formable(concurrency: int, max_batch_size: int) -> int:
+    """The largest batch `concurrency` closed-loop clients can form: one request each."""
+    return min(concurrency, max_batch_size)
+
+
+def _curves(limits: Iterable[Limit]) -> dict[int, dict[int, float]]:
+    """round -> batch size -> items/s."""
+    curves: dict[int, dict[int, float]] = {}
+    for limit in limits:
+        curves.setdefault(limit.round, {})[limit.batch_size] = limit.items_per_second
+    return curves
+
+
+def limit_curve(limits: Sequence[Limit]) -> dict[int, Spread]:
+    """Batch size -> the limit's spread over rounds."""
+    by_size: dict[int, list[float]] = {}
+    for limit in limits:
+        by_size.setdefault(limit.batch_size, []).append(limit.items_per_second)
+    return {size: Spread.of(values) for size, values in sorted(by_size.items())}
+
+
+def best_size(limits: Sequence[Limit]) -> int | None:
+    """The batch size with the highest median limit."""
+    curve = limit_curve(limits)
+    return max(curve, key=lambda size: curve[size].median) if curve else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,40 +127,54 @@ def medians(measurements: Sequence[Measurement]) -> dict[str, dict[int, dict[str
     }
 
 
-def paired_ratios(
-    measurements: Sequence[Measurement], limits: Sequence[Limit]
-) -> dict[str, dict[int, Spread]]:
-    """Per concurrency: carpool's throughput over each other variant's, round by round.
+def variants(measurements: Iterable[Measurement]) -> list[str]:
+    """Variant names in the order they ran."""
+    return list(dict.fromkeys(m.variant for m in measurements))
 
-    Also `p50 carpool/unbatched`: carpool's median latency over the baseline's, which at
-    concurrency 1 is the price of the batching window when there is nothing to batch.
+
+def paired_ratios(
+    measurements: Sequence[Measurement], limits: Sequence[Limit], max_batch_size: int
+) -> dict[str, dict[int, Spread]]:
+    """Per concurrency, paired round by round: carpool over every other variant (throughput,
+    and p50 latency, which at one client is the price of the batching window when there is
+    nothing to batch), then every variant's items/s over the limit at the batch size its
+    load can form and over the best limit of the round.
     """
     index = _index(measurements)
-    limit_by_round = {limit.round: limit.items_per_second for limit in limits}
-    carpool = [m for m in measurements if m.variant == "carpool"]
+    curves = _curves(limits)
     ratios: dict[str, dict[int, list[float]]] = {}
 
     def add(name: str, level: int, value: float) -> None:
         ratios.setdefault(name, {}).setdefault(level, []).append(value)
 
-    for ours in carpool:
-        for other in ("unbatched", "ray"):
+    names = variants(measurements)
+    for ours in (m for m in measurements if m.variant == "carpool"):
+        for other in names:
             theirs = index.get((other, ours.concurrency, ours.round))
-            if theirs is not None and theirs.cell.throughput_rps > 0:
+            if other == "carpool" or theirs is None:
+                continue
+            level = ours.concurrency
+            if theirs.cell.throughput_rps > 0:
                 add(
                     f"throughput carpool/{other}",
-                    ours.concurrency,
+                    level,
                     ours.cell.throughput_rps / theirs.cell.throughput_rps,
                 )
-            if other == "unbatched" and theirs is not None and theirs.cell.latency.p50 > 0:
+            if theirs.cell.latency.p50 > 0:
+                add(f"p50 carpool/{other}", level, ours.cell.latency.p50 / theirs.cell.latency.p50)
+    for name in names:
+        for m in (m for m in measurements if m.variant == name):
+            curve = curves.get(m.round, {})
+            at_batch = curve.get(formable(m.concurrency, max_batch_size))
+            if at_batch:
                 add(
-                    "p50 carpool/unbatched",
-                    ours.concurrency,
-                    ours.cell.latency.p50 / theirs.cell.latency.p50,
+                    f"items/s {name}/limit at batch",
+                    m.concurrency,
+                    m.cell.items_per_second / at_batch,
                 )
-        limit = limit_by_round.get(ours.round)
-        if limit:
-            add("items/s carpool/limit", ours.concurrency, ours.cell.items_per_second / limit)
+            if curve:
+                best = max(curve.values())
+                add(f"items/s {name}/best limit", m.concurrency, m.cell.items_per_second / best)
     return {
         name: {level: Spread.of(values) for level, values in sorted(levels.items())}
         for name, levels in ratios.items()
@@ -160,15 +204,20 @@ def render_text(
                 f"{figures['requests_per_front_core'].text(0):>22}"
             )
     if limits:
-        spread = Spread.of(limit.items_per_second for limit in limits)
-        sizes = sorted({limit.batch_size for limit in limits})
-        lines += ["", f"model limit (in process, batch {sizes}): {spread.text()} items/s"]
-    ratios = paired_ratios(measurements, limits)
+        lines += ["", f"model limit (in process), items/s by batch size; best {best_size(limits)}:"]
+        lines += [
+            f"  batch {size:>3}: {spread.text()}" for size, spread in limit_curve(limits).items()
+        ]
+    ratios = paired_ratios(measurements, limits, settings["max_batch_size"])
     if ratios:
-        lines += ["", "paired ratios, median (min-max) over rounds:"]
+        lines += [
+            "",
+            "paired ratios, median (min-max) over rounds; the limit at batch min(clients, "
+            f"{settings['max_batch_size']}):",
+        ]
         for name, by_level in ratios.items():
             cells = "  ".join(f"c={level}: {spread.text(2)}" for level, spread in by_level.items())
-            lines.append(f"  {name:<28} {cells}")
+            lines.append(f"  {name:<36} {cells}")
     return "\n".join(lines)
 
 
@@ -194,8 +243,10 @@ def to_json(
         "schema": "carpool.compare/v1",
         "settings": settings,
         "medians": spreads(medians(measurements)),
-        "ratios": spreads(paired_ratios(measurements, limits)),
+        "ratios": spreads(paired_ratios(measurements, limits, settings["max_batch_size"])),
         "limits": [dataclasses.asdict(limit) for limit in limits],
+        "limit_curve": spreads(limit_curve(limits)),
+        "best_batch_size": best_size(limits),
         "measurements": [
             {**dataclasses.asdict(m), "requests_per_front_core": m.requests_per_front_core}
             for m in measurements
@@ -206,9 +257,14 @@ def to_json(
 
 
 def plot(
-    measurements: Sequence[Measurement], limits: Sequence[Limit], path: Path, title: str
+    measurements: Sequence[Measurement],
+    limits: Sequence[Limit],
+    max_batch_size: int,
+    path: Path,
+    title: str,
 ) -> None:
-    """Median throughput (with the model's limit) and p99 against concurrency, with ranges."""
+    """Median throughput and p99 against concurrency, with ranges; beside the throughput,
+    the model's limit at the batch each concurrency can form and at its best batch."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,9 +283,14 @@ def plot(
             below = [(s.median - s.low) * scale for s in spreads]
             above = [(s.high - s.median) * scale for s in spreads]
             axes.errorbar(xs, ys, yerr=[below, above], marker="o", capsize=3, label=variant)
-    if limits:
-        best = statistics.median(limit.items_per_second for limit in limits)
-        left.axhline(best, linestyle="--", color="grey", label="model limit")
+    curve = limit_curve(limits)
+    formed = [x for x in ticks if formable(x, max_batch_size) in curve]
+    if formed:
+        ys = [curve[formable(x, max_batch_size)].median for x in formed]
+        left.plot(formed, ys, linestyle="--", marker="x", color="grey", label="limit at batch")
+    best = best_size(limits)
+    if best is not None:
+        left.axhline(curve[best].median, linestyle=":", color="grey", label=f"best limit ({best})")
     for axes, ylabel in ((left, "items/s"), (right, "p99 latency (ms)")):
         axes.set_xscale("log", base=2)
         axes.set_xticks(ticks, labels=[str(tick) for tick in ticks])

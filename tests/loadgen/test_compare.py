@@ -44,14 +44,16 @@ def test_compare_help_runs() -> None:
         env=SCRIPT_ENV,
     )
     assert done.returncode == 0, done.stderr
-    for option in ("--model", "--concurrency", "--rounds", "--torch-threads", "--no-ray"):
+    for option in ("--model", "--concurrency", "--rounds", "--torch-threads", "--peers"):
         assert option in done.stdout
+    for peer in ("ray", "litserve", "mlserver", "bentoml", "none"):
+        assert peer in done.stdout
 
 
-def _measurement(variant: str, round_number: int, rps: float, p50: float) -> object:
+def _measurement(variant: str, round_number: int, rps: float, p50: float, level: int = 8) -> object:
     cell = CellResult(
         mode="concurrency",
-        level=8,
+        level=level,
         requests=int(rps * 10),
         ok=int(rps * 10),
         errors={},
@@ -61,7 +63,7 @@ def _measurement(variant: str, round_number: int, rps: float, p50: float) -> obj
         latency=LatencySummary(1, p50, p50, p50, p50, p50),
         loadgen_cpu_percent=10.0,
     )
-    return summary.Measurement(variant, round_number, 8, cell, 5.0, 0.0)
+    return summary.Measurement(variant, round_number, level, cell, 5.0, 0.0)
 
 
 def test_ratios_pair_each_round_with_the_same_round() -> None:
@@ -72,10 +74,10 @@ def test_ratios_pair_each_round_with_the_same_round() -> None:
         _measurement("unbatched", 2, 200, 0.005),
         _measurement("carpool", 2, 600, 0.006),
     ]
-    limits = [summary.Limit(1, 32, 400.0), summary.Limit(2, 32, 800.0)]
-    ratios = summary.paired_ratios(measurements, limits)
+    limits = [summary.Limit(1, 8, 400.0), summary.Limit(2, 8, 800.0)]
+    ratios = summary.paired_ratios(measurements, limits, 32)
     assert ratios["throughput carpool/unbatched"][8] == summary.Spread(3.0, 3.0, 3.0)
-    assert ratios["items/s carpool/limit"][8].median == pytest.approx(0.75)
+    assert ratios["items/s carpool/limit at batch"][8].median == pytest.approx(0.75)
     assert ratios["p50 carpool/unbatched"][8].median == pytest.approx(1.2)
     assert "throughput carpool/ray" not in ratios
     table = summary.medians(measurements)
@@ -83,6 +85,43 @@ def test_ratios_pair_each_round_with_the_same_round() -> None:
     # 5 CPU seconds over 10 s is half a core.
     assert table["carpool"][8]["requests_per_front_core"].median == pytest.approx(900.0)
     assert math.isnan(summary.Spread.of([]).median)
+
+
+def test_every_variant_meets_the_limit_at_the_batch_its_clients_can_form() -> None:
+    # The model does 100 items/s one at a time, 400 in batches of 8 and 800 in batches of
+    # 32 (its best); 8 clients can form batches of 8 at most, 64 clients of 32 (the max).
+    limits = [summary.Limit(1, size, rate) for size, rate in ((1, 100), (8, 400), (32, 800))]
+    measurements = [
+        _measurement("carpool", 1, 300, 0.02, level=8),
+        _measurement("carpool", 1, 720, 0.08, level=64),
+        _measurement("litserve", 1, 200, 0.03, level=8),
+        _measurement("litserve", 1, 600, 0.10, level=64),
+    ]
+    ratios = summary.paired_ratios(measurements, limits, 32)
+    assert ratios["items/s carpool/limit at batch"][8].median == pytest.approx(300 / 400)
+    assert ratios["items/s carpool/limit at batch"][64].median == pytest.approx(720 / 800)
+    assert ratios["items/s carpool/best limit"][8].median == pytest.approx(300 / 800)
+    assert ratios["items/s litserve/limit at batch"][8].median == pytest.approx(200 / 400)
+    assert ratios["items/s litserve/best limit"][64].median == pytest.approx(600 / 800)
+    # Every peer is set against carpool, throughput and latency, at every concurrency.
+    assert ratios["throughput carpool/litserve"][8].median == pytest.approx(1.5)
+    assert ratios["throughput carpool/litserve"][64].median == pytest.approx(1.2)
+    assert ratios["p50 carpool/litserve"][64].median == pytest.approx(0.8)
+    assert summary.best_size(limits) == 32
+
+
+def test_a_limit_missing_at_a_batch_size_leaves_that_ratio_out() -> None:
+    limits = [summary.Limit(1, 32, 800.0)]
+    measurements = [_measurement("carpool", 1, 300, 0.02, level=8)]
+    ratios = summary.paired_ratios(measurements, limits, 32)
+    assert "items/s carpool/limit at batch" not in ratios
+    assert ratios["items/s carpool/best limit"][8].median == pytest.approx(300 / 800)
+
+
+def test_the_limit_curve_takes_medians_over_rounds() -> None:
+    limits = [summary.Limit(1, 8, 400.0), summary.Limit(2, 8, 500.0), summary.Limit(3, 8, 900.0)]
+    assert summary.limit_curve(limits) == {8: summary.Spread(500.0, 400.0, 900.0)}
+    assert summary.best_size([]) is None
 
 
 def test_summary_outputs(tmp_path: Path) -> None:
@@ -94,14 +133,19 @@ def test_summary_outputs(tmp_path: Path) -> None:
         "handler": "toy", "device": "cpu", "torch_threads": 1, "max_batch_size": 32,
         "max_wait_ms": 5.0, "rounds": 1, "duration_seconds": 10.0,
     }  # fmt: skip
-    text = summary.render_text(measurements, [], settings)
+    limits = [summary.Limit(1, 1, 100.0), summary.Limit(1, 8, 400.0)]
+    text = summary.render_text(measurements, limits, settings)
     assert "torch threads 1" in text
     assert "throughput carpool/unbatched" in text
-    document = summary.to_json(measurements, [], settings)
+    assert "batch   8: 400.0" in text
+    document = summary.to_json(measurements, limits, settings)
     assert document["schema"] == "carpool.compare/v1"
     assert document["ratios"]["throughput carpool/unbatched"]["8"]["median"] == 3.0
+    assert document["ratios"]["items/s carpool/limit at batch"]["8"]["median"] == 0.75
+    assert document["limit_curve"]["8"]["median"] == 400.0
+    assert document["best_batch_size"] == 8
     path = tmp_path / "compare.png"
-    summary.plot(measurements, [], path, "t")
+    summary.plot(measurements, limits, 32, path, "t")
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -1,0 +1,89 @@
+"""carpool's model and codec as the peer apps (LitServe, MLServer, BentoML) run them.
+
+Each peer parses the request body itself (its framework does), hands over the Open Inference
+Protocol JSON input tensors as plain values, and batches items its own way; from there on,
+what runs is carpool's: the sidecar's tensor codec splits each request into items, and the
+handler's preprocess, forward pass and postprocess run a batch exactly as carpool's model
+server does. Only the serving and batching machinery differs between the variants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from carpool.contract.wire import Item, ItemResult, Tensor
+from carpool.model_server.handler import AnyHandler, HandlerSettings, load_handler_class
+from carpool.sidecar import tensors
+from carpool.sidecar.errors import BadRequest
+
+JsonTensor = Mapping[str, Any]
+
+
+def load(handler_name: str, device: str, torch_threads: int, max_batch_size: int) -> AnyHandler:
+    """The handler, loaded on `device` (auto: the first GPU if any) with `torch_threads`."""
+    torch.set_num_threads(torch_threads)
+    if device == "auto":
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    handler = load_handler_class(handler_name)(HandlerSettings(None, torch.float32, max_batch_size))
+    with torch.inference_mode():
+        handler.load(torch.device(device))
+    return handler
+
+
+def items(inputs: Sequence[JsonTensor]) -> list[Item]:
+    """One item per row of the request's input tensors (name, datatype, shape, data)."""
+    columns: dict[str, list[Tensor]] = {}
+    for raw in inputs:
+        name, datatype, shape = raw["name"], raw["datatype"], tuple(raw["shape"])
+        data = tensors.from_json(name, datatype, shape, raw["data"])
+        columns[name] = tensors.split(tensors.RequestTensor(name, datatype, shape, data))
+    counts = {len(parts) for parts in columns.values()}
+    if len(counts) != 1:
+        raise BadRequest(f"inputs disagree on the batch dimension: {sorted(counts)}")
+    return [
+        {name: parts[index] for name, parts in columns.items()} for index in range(counts.pop())
+    ]
+
+
+def run(handler: AnyHandler, batch: Sequence[Item]) -> list[ItemResult]:
+    """One batch through the model: a result per item, a rejected item failed alone."""
+    with torch.inference_mode():
+        prepared = handler.preprocess(list(batch))
+        outputs: list[dict[str, Tensor]] = []
+        if prepared.batch is not None:
+            outputs = handler.postprocess(handler.infer(prepared.batch))
+    answers = iter(outputs)
+    return [
+        ItemResult.failed(prepared.rejected[index], 400)
+        if index in prepared.rejected
+        else ItemResult(outputs=next(answers))
+        for index in range(len(batch))
+    ]
+
+
+def outputs(results: Sequence[ItemResult]) -> list[dict[str, Any]]:
+    """The JSON output tensors of a request from its items' results, batch dimension first."""
+    by_name: dict[str, list[Tensor]] = {}
+    for result in results:
+        if result.error is not None:
+            raise BadRequest(result.error)
+        assert result.outputs is not None
+        for name, tensor in result.outputs.items():
+            by_name.setdefault(name, []).append(tensor)
+    stacked = [tensors.stack(name, parts) for name, parts in by_name.items()]
+    return [_json(tensor) for tensor in stacked]
+
+
+def _json(tensor: tensors.RequestTensor) -> dict[str, Any]:
+    # Plain lists: the peers' JSON encoders take no numpy arrays.
+    values = tensors.json_values(tensor)
+    data = values if isinstance(values, list) else values.tolist()
+    return {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+        "data": data,
+    }
