@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import servers
 
+from carpool import processes
 from carpool.loadgen import runner, workload
 from carpool.sidecar.config import BatchingSettings
 
@@ -167,7 +168,7 @@ def main(
         max_batch_size=DEFAULTS.max_batch_size,
         max_wait_ms=DEFAULTS.max_wait_ms,
     )
-    grpc_port = servers.free_port()
+    grpc_port = processes.free_port()
     carpool = servers.carpool(settings)
     variant = servers.Variant(carpool.name, (*carpool.command, "--grpc-port", str(grpc_port)))
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
