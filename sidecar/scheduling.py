@@ -1,8 +1,14 @@
 """When the dispatcher sends a batch, from which group, and how large it may be.
 
+Timed dispatch (the default): a batch leaves when the model server can start it, as full as
+the wait allows then. While batches run, the next one keeps filling until the running ones
+are predicted to finish, less the hop (`model_ready`); with the model server idle it goes at
+once (`idle`) unless the items arriving meanwhile make a fuller batch pay for the wait, which
+then ends when the batch is full or `max_wait` after its first item (`timeout`). Until the
+durations are learned it acts as adaptive dispatch.
 Adaptive dispatch: while no batch is in flight the model server is idle, so whatever is
-queued goes at once (reason `idle`); while one runs, the next batch waits until it is full
-or `max_wait` has passed since its first item (`full`, `timeout`). Fixed dispatch always
+queued goes at once (`idle`); while one runs, the next batch waits until it is full or
+`max_wait` has passed since its first item (`full`, `timeout`). Fixed dispatch always
 waits. On shutdown every queued item is sent as fast as slots free up (`drain`).
 """
 
@@ -34,8 +40,23 @@ class Limits:
         return max(1, min(limit, settings.max_batch_tokens // key.bucket))
 
 
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """What timed dispatch has learned of the model server and the callers."""
+
+    # When the model server can take the next batch (-inf: now); None: nothing learned yet.
+    ready_at: float | None
+    fixed_s: float  # what one more batch costs beyond its items
+    arrivals_per_s: float  # items
+
+
 def decide(
-    groups: Iterable[Group], limits: Limits, inflight: int, draining: bool, now: float
+    groups: Iterable[Group],
+    limits: Limits,
+    inflight: int,
+    draining: bool,
+    now: float,
+    outlook: Outlook,
 ) -> tuple[Group, str] | float | None:
     """The group to send now and why, else when to look again (None: on the next event)."""
     settings = limits.settings
@@ -49,10 +70,13 @@ def decide(
     if not ranked:
         return None
     ranked.sort(key=lambda pair: pair[0])
+    timed = settings.dispatch == "timed" and outlook.ready_at is not None
     due = math.inf
     for _, group in ranked:
         if group.items >= limits.capacity(group.key):
             return group, "full"
+        if timed:
+            continue
         closes_at = group.opened_at() + settings.max_wait_s
         if now >= closes_at:
             return group, "timeout"
@@ -60,6 +84,28 @@ def decide(
     first = ranked[0][1]
     if draining:
         return first, "drain"
-    if settings.dispatch == "adaptive" and inflight == 0:
+    if timed:
+        return _when_ready(first, inflight, now, outlook, settings.max_wait_s)
+    if settings.dispatch != "fixed" and inflight == 0:
         return first, "idle"
     return due
+
+
+def _when_ready(
+    group: Group, inflight: int, now: float, outlook: Outlook, max_wait_s: float
+) -> tuple[Group, str] | float:
+    assert outlook.ready_at is not None
+    if now < outlook.ready_at:
+        # A batch sent now would only wait at the model server while items could join it.
+        return outlook.ready_at
+    # Items/s of the model at the larger batch, wait included, beat those of sending now
+    # exactly when more items are due within one batch's fixed cost than are queued (the
+    # ratio is monotonic in the wait, so the best wait is none or the longest allowed).
+    reason = "idle" if inflight == 0 else "model_ready"
+    if outlook.arrivals_per_s * outlook.fixed_s > group.items:
+        closes_at = group.opened_at() + max_wait_s
+        if now < closes_at:
+            return closes_at
+        if closes_at > outlook.ready_at:
+            return group, "timeout"  # waited for company after the model was ready
+    return group, reason
