@@ -1,4 +1,11 @@
-"""How fast items have been arriving lately, for timed dispatch's wait-or-send choice."""
+"""Which items are likely to arrive soon, for timed dispatch's choice to wait or send.
+
+Two views. The mean rate of arrivals, as if callers were independent. And closed-loop
+callers, who come back soon after their answer: items answered and not yet matched by as
+many arrivals are `returning`, due one turnaround (learned: answer to next arrival) after
+their answer. Callers who never come back (open load) leave the count after a few
+turnarounds.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +15,49 @@ import math
 # (closed-loop callers answered together come back together) reads as the mean rate of the
 # load rather than as the rate within the burst, whose items are already queued.
 HORIZON_S = 1.0
+# Weight of one sample in the running mean of the turnaround.
+ALPHA = 0.1
+# Answered items not back within this many turnarounds are not coming.
+PATIENCE = 4
 
 
-class ArrivalRate:
-    """Items arrived, each weighted by exp(-age / HORIZON_S); divided by HORIZON_S, items/s."""
-
+class Arrivals:
     def __init__(self) -> None:
-        self._weight = 0.0
+        self._weight = 0.0  # items arrived, each weighted by exp(-age / HORIZON_S)
         self._at = 0.0
+        self._returning = 0
+        self._answered_at = -math.inf
+        self._turnaround_s = 0.0
 
-    def record(self, items: int, now: float) -> None:
-        self._weight = self._decayed(now) + items
+    def arrived(self, items: int, now: float) -> None:
+        self._weight = self._weight * math.exp(-(now - self._at) / HORIZON_S) + items
         self._at = now
+        if self._returning and self._answered_at > -math.inf:
+            gap = now - self._answered_at
+            first = self._turnaround_s == 0
+            self._turnaround_s = (
+                gap if first else self._turnaround_s + ALPHA * (gap - self._turnaround_s)
+            )
+            self._returning = max(0, self._returning - items)
+
+    def answered(self, items: int, now: float) -> None:
+        self._returning = self.returning(now) + items
+        self._answered_at = now
 
     def per_second(self, now: float) -> float:
-        return self._decayed(now) / HORIZON_S
+        """Mean items/s of the last HORIZON_S or so."""
+        return self._weight * math.exp(-(now - self._at) / HORIZON_S) / HORIZON_S
 
-    def _decayed(self, now: float) -> float:
-        return self._weight * math.exp(-(now - self._at) / HORIZON_S)
+    def returning(self, now: float) -> int:
+        """Items answered whose callers are likely on their way back."""
+        if now > self._answered_at + PATIENCE * self._turnaround_s:
+            return 0
+        return self._returning
+
+    def back_at(self, answered_at: float) -> float:
+        """When callers answered at `answered_at` are likely back."""
+        return answered_at + self._turnaround_s
+
+    @property
+    def last_answer(self) -> float:
+        return self._answered_at

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from carpool.contract.wire import Item, ItemResult
 from carpool.sidecar import execution
-from carpool.sidecar.arrivals import ArrivalRate
+from carpool.sidecar.arrivals import Arrivals
 from carpool.sidecar.batch_queue import BatchQueue
 from carpool.sidecar.bounds import RequestBounds
 from carpool.sidecar.config import BatchingSettings
@@ -43,7 +43,7 @@ class Batcher:
         self._queue = BatchQueue(metrics, self._changed)
         self._throughput = ThroughputWindow()
         self._timeline = ModelTimeline()
-        self._arrivals = ArrivalRate()
+        self._arrivals = Arrivals()
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
         self._inflight = 0
@@ -120,7 +120,7 @@ class Batcher:
         )  # fmt: skip
         request.results = [None] * count
         self._queue.push(request)
-        self._arrivals.record(count, now)
+        self._arrivals.arrived(count, now)
         self._idle.clear()
         self._wake.set()
         try:
@@ -179,8 +179,16 @@ class Batcher:
         return True
 
     def _outlook(self, now: float) -> Outlook:
-        timeline = self._timeline
-        return Outlook(timeline.ready_at(), timeline.fixed_s(), self._arrivals.per_second(now))
+        timeline, arrivals = self._timeline, self._arrivals
+        # Closed-loop callers due back: those answered lately, and those of the next answer.
+        company = []
+        if returning := arrivals.returning(now):
+            company.append((returning, arrivals.back_at(arrivals.last_answer)))
+        if (upcoming := timeline.next_answer()) is not None:
+            company.append((upcoming[0], arrivals.back_at(upcoming[1])))
+        return Outlook(
+            timeline.ready_at(), timeline.fixed_s(), arrivals.per_second(now), tuple(company)
+        )
 
     def _changed(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:
@@ -208,6 +216,7 @@ class Batcher:
             if answered:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
                 self._throughput.record(started, self._loop.time(), len(items))
+                self._arrivals.answered(len(items), self._loop.time())
         finally:
             finished = self._loop.time()
             self._timeline.answered(token, finished, learn=answered)

@@ -44,10 +44,12 @@ class Limits:
 class Outlook:
     """What timed dispatch has learned of the model server and the callers."""
 
-    # When the model server can take the next batch (-inf: now); None: nothing learned yet.
+    # When the model server can take the next batch (or could since); None: nothing learned.
     ready_at: float | None
     fixed_s: float  # what one more batch costs beyond its items
-    arrivals_per_s: float  # items
+    arrivals_per_s: float  # items, on average
+    # Closed-loop callers expected back: (items, when).
+    company: tuple[tuple[int, float], ...] = ()
 
 
 def decide(
@@ -94,18 +96,33 @@ def decide(
 def _when_ready(
     group: Group, inflight: int, now: float, outlook: Outlook, max_wait_s: float
 ) -> tuple[Group, str] | float:
-    assert outlook.ready_at is not None
-    if now < outlook.ready_at:
+    ready_at = outlook.ready_at
+    assert ready_at is not None
+    if now < ready_at:
         # A batch sent now would only wait at the model server while items could join it.
-        return outlook.ready_at
-    # Items/s of the model at the larger batch, wait included, beat those of sending now
-    # exactly when more items are due within one batch's fixed cost than are queued (the
-    # ratio is monotonic in the wait, so the best wait is none or the longest allowed).
-    reason = "idle" if inflight == 0 else "model_ready"
-    if outlook.arrivals_per_s * outlook.fixed_s > group.items:
-        closes_at = group.opened_at() + max_wait_s
+        return ready_at
+    # maxWait bounds the wait for company, not that for the model.
+    closes_at = max(group.opened_at(), ready_at) + max_wait_s
+    if _company_pays(group.items, now, closes_at, outlook):
         if now < closes_at:
             return closes_at
-        if closes_at > outlook.ready_at:
-            return group, "timeout"  # waited for company after the model was ready
-    return group, reason
+        if closes_at > ready_at:
+            return group, "timeout"  # it did wait for company
+    return group, "idle" if inflight == 0 else "model_ready"
+
+
+def _company_pays(queued: int, now: float, closes_at: float, outlook: Outlook) -> bool:
+    """Whether waiting for the items due makes more items/s of the model than sending now.
+
+    With d(b) = fixed + per_item * b, `arriving` items that come `wait` from now pay for the
+    wait when arriving * fixed > queued * wait: the idle wait costs less than the fixed cost
+    of another batch for them. Items arriving at a mean rate (wait 1/rate per item) pay when
+    more are due within one fixed cost than are queued (the ratio is monotonic in the wait,
+    so the best wait is none or the longest allowed).
+    """
+    if outlook.arrivals_per_s * outlook.fixed_s > queued:
+        return True
+    return any(
+        back_at <= closes_at and arriving * outlook.fixed_s > queued * max(back_at - now, 0.0)
+        for arriving, back_at in outlook.company
+    )

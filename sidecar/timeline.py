@@ -11,6 +11,7 @@ arrive as the model frees.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from carpool.sidecar.durations import DurationFit
@@ -49,15 +50,27 @@ class ModelTimeline:
 
     def ready_at(self) -> float | None:
         """When to send the next batch so that it reaches the model server as the running ones
-        are done (-inf when none runs); None while nothing has been learned."""
+        are done (or when it was last free); None while nothing has been learned."""
         if not (self.round_trip.known or self.service.known):
             return None
+        last = max((finish for _, finish in self._answers()), default=self._last_answer)
+        return last - self.hop_s()
+
+    def next_answer(self) -> tuple[int, float] | None:
+        """The size of the batch answered next, and when; None when none runs or nothing has
+        been learned."""
+        if not (self.round_trip.known or self.service.known):
+            return None
+        return next(self._answers(), None)
+
+    def _answers(self) -> Iterator[tuple[int, float]]:
+        """Each running batch's size and predicted answer, in the order they were sent."""
         finish = self._last_answer
         for batch in self._running.values():
             finish = max(
                 batch.sent_at + self._round_trip(batch.size), finish + self._service(batch.size)
             )
-        return finish - self.hop_s() if self._running else -math.inf
+            yield batch.size, finish
 
     @property
     def work(self) -> DurationFit:
