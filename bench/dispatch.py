@@ -27,6 +27,7 @@ from carpool.loadgen import runner, workload
 from carpool.loadgen.report import CellResult
 
 POLICIES = ("timed", "adaptive")
+REASONS = ("idle", "model_ready", "timeout", "full")
 
 
 def _limit(settings: servers.ModelSettings, text_length: workload.TextLength) -> dict[int, float]:
@@ -139,12 +140,21 @@ def main(
         size = min(level, max_batch_size)
         ceiling = limits.get(size, [])
         ratios = [c.items_per_second / limit for c, limit in zip(runs, ceiling, strict=False)]
-        batch = [c.batching.mean_items_per_batch for c in runs if c.batching]
+        stats = [c.batching for c in runs if c.batching]
+        batch = [c.mean_items_per_batch for c in stats]
         click.echo(
             f"{name:>9} c={level:<3} items/s {med(c.items_per_second for c in runs):7.1f}"
             f"  /limit(b={size}) {med(ratios) if ratios else float('nan'):.2f}"
             f"  batch {med(batch) if batch else float('nan'):5.2f}"
             f"  p50 {1000 * med(c.latency.p50 for c in runs):7.1f} ms"
+            + (
+                f"  queue wait {1000 * med(c.queue_wait_mean for c in stats):5.2f} ms  "
+                + " ".join(
+                    f"{r}={sum(c.batches_by_reason.get(r, 0) for c in stats):g}" for r in REASONS
+                )
+                if stats
+                else ""
+            )
         )
     for level in levels:
         pairs = zip(cells[("timed", level)], cells[("adaptive", level)], strict=True)

@@ -28,6 +28,7 @@ class DurationFit:
         self._sizes: dict[int, _Size] = {}
         self.fixed_s = 0.0
         self.per_item_s = 0.0
+        self.mean_size = 0.0  # of the sizes seen, weighted as in the line: where it is surest
 
     @property
     def known(self) -> bool:
@@ -58,6 +59,7 @@ class DurationFit:
         sy = sum(w * y for _, y, w in weights)
         sxx = sum(w * x * x for x, _, w in weights)
         sxy = sum(w * x * y for x, y, w in weights)
+        self.mean_size = sx / total
         spread = total * sxx - sx * sx
         slope = (total * sxy - sx * sy) / spread if spread > 1e-12 else 0.0
         if slope <= 0:

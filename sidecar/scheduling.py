@@ -4,8 +4,8 @@ Timed dispatch (the default): a batch leaves when the model server can start it,
 the wait allows then. While batches run, the next one keeps filling until the running ones
 are predicted to finish, less the hop (`model_ready`); with the model server idle it goes at
 once (`idle`) unless the items arriving meanwhile make a fuller batch pay for the wait, which
-then ends when the batch is full or `max_wait` after its first item (`timeout`). Until the
-durations are learned it acts as adaptive dispatch.
+then ends when the batch is full or `max_wait` after the model could start it (`timeout`).
+Until the durations are learned it acts as adaptive dispatch.
 Adaptive dispatch: while no batch is in flight the model server is idle, so whatever is
 queued goes at once (`idle`); while one runs, the next batch waits until it is full or
 `max_wait` has passed since its first item (`full`, `timeout`). Fixed dispatch always

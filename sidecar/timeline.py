@@ -80,7 +80,10 @@ class ModelTimeline:
     def hop_s(self) -> float:
         if not (self.round_trip.known and self.service.known):
             return 0.0
-        return max(0.0, self.round_trip.fixed_s - self.service.fixed_s)
+        # Compared where round trips were measured: a line fitted to a few sizes need not
+        # hold far from them.
+        size = round(self.round_trip.mean_size)
+        return max(0.0, self.round_trip.predict(size) - self.service.predict(size))
 
     def fixed_s(self) -> float:
         """What one more batch costs beyond its items: its round trip's fixed part, since a

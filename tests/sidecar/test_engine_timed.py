@@ -159,7 +159,7 @@ async def test_the_next_batch_leaves_as_the_running_one_ends_less_the_hop(dispat
     sample = registry.get_sample_value
     assert sample("carpool_batches_total", {"model": "m", "reason": "model_ready"}) == 4
     assert sample("carpool_model_batch_fixed_seconds", {"model": "m"}) == pytest.approx(
-        FIXED_S + PER_ITEM_S, rel=0.3
+        FIXED_S + PER_ITEM_S, rel=0.5
     )
     assert hop_s / 4 < (sample("carpool_model_hop_seconds", {"model": "m"}) or 0) < 2 * hop_s
 
