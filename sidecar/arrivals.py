@@ -1,10 +1,10 @@
 """Which items are likely to arrive soon, for timed dispatch's choice to wait or send.
 
 Two views. The mean rate of arrivals, as if callers were independent. And closed-loop
-callers, who come back soon after their answer: items answered and not yet matched by as
-many arrivals are `returning`, due one turnaround (learned: answer to next arrival) after
-their answer. Callers who never come back (open load) leave the count after a few
-turnarounds.
+callers, who come back soon after their answer: requests answered and not yet matched by as
+many new requests are `returning`, due one turnaround (learned: answer to next arrival)
+after their answer. Callers who are not back within two turnarounds (open load, a caller
+who left) are not counted on.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import math
 HORIZON_S = 1.0
 # Weight of one sample in the running mean of the turnaround.
 ALPHA = 0.1
-# Answered items not back within this many turnarounds are not coming.
-PATIENCE = 4
+# Callers not back within this many turnarounds of their answer are not coming.
+PATIENCE = 2
 
 
 class Arrivals:
@@ -38,10 +38,11 @@ class Arrivals:
             self._turnaround_s = (
                 gap if first else self._turnaround_s + ALPHA * (gap - self._turnaround_s)
             )
-            self._returning = max(0, self._returning - items)
+            self._returning -= 1
 
-    def answered(self, items: int, now: float) -> None:
-        self._returning = self.returning(now) + items
+    def answered(self, requests: int, now: float) -> None:
+        """`requests` were answered (their last items were in one batch)."""
+        self._returning = self.returning(now) + requests
         self._answered_at = now
 
     def per_second(self, now: float) -> float:
@@ -49,14 +50,17 @@ class Arrivals:
         return self._weight * math.exp(-(now - self._at) / HORIZON_S) / HORIZON_S
 
     def returning(self, now: float) -> int:
-        """Items answered whose callers are likely on their way back."""
+        """Callers answered who are likely on their way back."""
         if now > self._answered_at + PATIENCE * self._turnaround_s:
             return 0
         return self._returning
 
-    def back_at(self, answered_at: float) -> float:
-        """When callers answered at `answered_at` are likely back."""
-        return answered_at + self._turnaround_s
+    def back(self, answered_at: float) -> tuple[float, float]:
+        """When callers answered at `answered_at` are likely back, and when to stop waiting."""
+        return (
+            answered_at + self._turnaround_s,
+            answered_at + PATIENCE * self._turnaround_s,
+        )
 
     @property
     def last_answer(self) -> float:

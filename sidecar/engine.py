@@ -181,11 +181,12 @@ class Batcher:
     def _outlook(self, now: float) -> Outlook:
         timeline, arrivals = self._timeline, self._arrivals
         # Closed-loop callers due back: those answered lately, and those of the next answer.
+        # (A caller counts as one item: most send one; with more, waiting pays all the more.)
         company = []
         if returning := arrivals.returning(now):
-            company.append((returning, arrivals.back_at(arrivals.last_answer)))
+            company.append((returning, *arrivals.back(arrivals.last_answer)))
         if (upcoming := timeline.next_answer()) is not None:
-            company.append((upcoming[0], arrivals.back_at(upcoming[1])))
+            company.append((upcoming[0], *arrivals.back(upcoming[1])))
         return Outlook(
             timeline.ready_at(), timeline.fixed_s(), arrivals.per_second(now), tuple(company)
         )
@@ -216,7 +217,8 @@ class Batcher:
             if answered:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
                 self._throughput.record(started, self._loop.time(), len(items))
-                self._arrivals.answered(len(items), self._loop.time())
+                done = sum(part.stop == len(part.request.items) for part in parts)
+                self._arrivals.answered(done, self._loop.time())
         finally:
             finished = self._loop.time()
             self._timeline.answered(token, finished, learn=answered)

@@ -48,8 +48,8 @@ class Outlook:
     ready_at: float | None
     fixed_s: float  # what one more batch costs beyond its items
     arrivals_per_s: float  # items, on average
-    # Closed-loop callers expected back: (items, when).
-    company: tuple[tuple[int, float], ...] = ()
+    # Closed-loop callers expected back: (items, when, when to stop waiting for them).
+    company: tuple[tuple[int, float, float], ...] = ()
 
 
 def decide(
@@ -103,26 +103,34 @@ def _when_ready(
         return ready_at
     # maxWait bounds the wait for company, not that for the model.
     closes_at = max(group.opened_at(), ready_at) + max_wait_s
-    if _company_pays(group.items, now, closes_at, outlook):
-        if now < closes_at:
-            return closes_at
-        if closes_at > ready_at:
+    until = _company_until(group.items, now, closes_at, outlook)
+    if until is not None:
+        if now < until:
+            return until
+        if now >= closes_at > ready_at:
             return group, "timeout"  # it did wait for company
     return group, "idle" if inflight == 0 else "model_ready"
 
 
-def _company_pays(queued: int, now: float, closes_at: float, outlook: Outlook) -> bool:
-    """Whether waiting for the items due makes more items/s of the model than sending now.
+def _company_until(queued: int, now: float, closes_at: float, outlook: Outlook) -> float | None:
+    """Until when waiting for the items due makes more items/s of the model than sending now;
+    None if it does not.
 
     With d(b) = fixed + per_item * b, `arriving` items that come `wait` from now pay for the
-    wait when arriving * fixed > queued * wait: the idle wait costs less than the fixed cost
-    of another batch for them. Items arriving at a mean rate (wait 1/rate per item) pay when
-    more are due within one fixed cost than are queued (the ratio is monotonic in the wait,
-    so the best wait is none or the longest allowed).
+    wait when the batch's items/s, wait included, beat those of sending now: arriving * fixed
+    > queued * wait. Closed-loop callers also form the next batch while this one runs, so
+    theirs must save more than the idle wait costs: wait < fixed. Items arriving at a mean
+    rate (wait 1/rate per item) pay when more are due within one fixed cost than are queued
+    (the ratio is monotonic in the wait, so the best wait is none or the longest allowed).
     """
     if outlook.arrivals_per_s * outlook.fixed_s > queued:
-        return True
-    return any(
-        back_at <= closes_at and arriving * outlook.fixed_s > queued * max(back_at - now, 0.0)
-        for arriving, back_at in outlook.company
-    )
+        return closes_at
+    until = [
+        min(give_up_at, closes_at)
+        for arriving, back_at, give_up_at in outlook.company
+        if back_at <= closes_at
+        and now < give_up_at
+        and (wait := max(back_at - now, 0.0)) < outlook.fixed_s
+        and arriving * outlook.fixed_s > queued * wait
+    ]
+    return max(until, default=None)
