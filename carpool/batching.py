@@ -7,7 +7,7 @@
     vector = embed.blocking("one text")       # from any plain thread
 
 Each call submits one item to `carpool.sidecar.engine.Batcher`, the engine the sidecar runs,
-with its timed dispatch, priorities, deadlines, queue bound and metrics; the function is
+with its adaptive dispatch, priorities, deadlines, queue bound and metrics; the function is
 its `send`. A sync function runs on a worker thread. When the function raises, the batch is
 split in halves and retried, so only the items that fail alone get the exception (the
 function must tolerate seeing the other items again). An item can also fail alone by having
@@ -244,7 +244,7 @@ def batch(
     max_inflight_batches: int = 1,
     max_queue_items: int = 1024,
     timeout_ms: float = 30_000.0,
-    dispatch: Dispatch = "timed",
+    dispatch: Dispatch = "adaptive",
     registry: CollectorRegistry | None = None,
     name: str | None = None,
     group_by: Callable[[Any], Hashable] | None = None,

@@ -1,6 +1,6 @@
 """When the dispatcher sends a batch, from which group, and how large it may be.
 
-Timed dispatch (the default): a batch leaves when the model server can start it, as full as
+Timed dispatch: a batch leaves when the model server can start it, as full as
 the wait allows then. While batches run, the next one keeps filling until the running ones
 are predicted to finish, less the hop (`model_ready`); with the model server idle it goes at
 once (`idle`) unless the items arriving meanwhile make a fuller batch pay for the wait, which

@@ -65,6 +65,7 @@ async def closed_loop(
 ) -> tuple[list[float], CollectorRegistry]:
     """Each caller's request latencies over `seconds`, and the metrics."""
     registry = CollectorRegistry()
+    settings = {"dispatch": "timed", **settings}
     batcher = Batcher(BatchingSettings(**settings), model, SidecarMetrics(registry, "m"))  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
@@ -185,7 +186,7 @@ def group_opened_at(opened_at: float, count: int) -> Group:
 
 @pytest.mark.parametrize("max_wait_ms", [0, 5, 50])
 async def test_an_idle_model_waits_for_company_at_most_max_wait(max_wait_ms: float) -> None:
-    limits = Limits(BatchingSettings(max_wait_ms=max_wait_ms))
+    limits = Limits(BatchingSettings(dispatch="timed", max_wait_ms=max_wait_ms))
     busy = Outlook(ready_at=-math.inf, fixed_s=0.020, arrivals_per_s=1000.0)  # 20 due per batch
     group = group_opened_at(10.0, 1)
     wait_s = max_wait_ms / 1000
@@ -198,13 +199,13 @@ async def test_an_idle_model_waits_for_company_at_most_max_wait(max_wait_ms: flo
 
 
 async def test_a_batch_waits_for_a_busy_model_not_for_max_wait() -> None:
-    limits = Limits(BatchingSettings(max_wait_ms=5))
+    limits = Limits(BatchingSettings(dispatch="timed", max_wait_ms=5))
     group = group_opened_at(10.0, 3)
     running = Outlook(ready_at=10.050, fixed_s=0.020, arrivals_per_s=10.0)
     assert decide([group], limits, 1, False, 10.010, running) == 10.050
     assert decide([group], limits, 1, False, 10.050, running) == (group, "model_ready")
     # Full batches do not wait; nor does anything before the model is learned (adaptive).
-    full = Limits(BatchingSettings(max_wait_ms=5, max_batch_size=3))
+    full = Limits(BatchingSettings(dispatch="timed", max_wait_ms=5, max_batch_size=3))
     assert decide([group], full, 1, False, 10.010, running) == (group, "full")
     unknown = Outlook(ready_at=None, fixed_s=0.0, arrivals_per_s=0.0)
     assert decide([group], limits, 1, False, 10.010, unknown) == (group, "timeout")
