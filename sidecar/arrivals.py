@@ -32,11 +32,13 @@ class Arrivals:
     def arrived(self, items: int, now: float) -> None:
         self._weight = self._weight * math.exp(-(now - self._at) / HORIZON_S) + items
         self._at = now
-        if self._returning and self._answered_at > -math.inf:
+        # A caller back after the patience ran out is no sample of the turnaround (a pause in
+        # the load would teach a turnaround of seconds); the first sample sets it.
+        unknown = self._turnaround_s == 0
+        if self._returning and (unknown or self.returning(now)):
             gap = now - self._answered_at
-            first = self._turnaround_s == 0
             self._turnaround_s = (
-                gap if first else self._turnaround_s + ALPHA * (gap - self._turnaround_s)
+                gap if unknown else self._turnaround_s + ALPHA * (gap - self._turnaround_s)
             )
             self._returning -= 1
 
