@@ -23,6 +23,7 @@ import click
 
 from carpool import processes
 from carpool.contract import pod
+from carpool.contract.batching import DISPATCH_MODES
 from carpool.demo import report_lines, run_demo
 from carpool.guarded_folder import guarded_folder
 from carpool.supervisor import Supervised
@@ -47,7 +48,7 @@ MODEL_FLAGS = ["model-path", "device", "torch-threads", "max-batch-size"]
 def _batching_options(function: click.decorators.FC) -> click.decorators.FC:
     for flag, kind in reversed(BATCHING_FLAGS):
         function = click.option(f"--{flag}", type=kind, help="passed to the sidecar")(function)
-    return click.option("--dispatch", type=click.Choice(["adaptive", "fixed"]))(function)
+    return click.option("--dispatch", type=click.Choice(DISPATCH_MODES))(function)
 
 
 @click.command("serve")

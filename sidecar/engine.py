@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from carpool.contract.wire import Item, ItemResult
 from carpool.sidecar import execution
+from carpool.sidecar.arrivals import Arrivals
 from carpool.sidecar.batch_queue import BatchQueue
 from carpool.sidecar.bounds import RequestBounds
 from carpool.sidecar.config import BatchingSettings
@@ -23,8 +24,9 @@ from carpool.sidecar.errors import DeadlineExceeded, QueueFull, Unavailable
 from carpool.sidecar.execution import BatchSender
 from carpool.sidecar.metrics import SidecarMetrics
 from carpool.sidecar.pending import BatchKey, Part, PendingRequest
-from carpool.sidecar.scheduling import Limits, decide
+from carpool.sidecar.scheduling import Limits, Outlook, decide
 from carpool.sidecar.throughput import ThroughputWindow
+from carpool.sidecar.timeline import ModelTimeline
 
 
 class Batcher:
@@ -40,6 +42,8 @@ class Batcher:
         self._idle.set()
         self._queue = BatchQueue(metrics, self._changed)
         self._throughput = ThroughputWindow()
+        self._timeline = ModelTimeline()
+        self._arrivals = Arrivals()
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
         self._inflight = 0
@@ -116,6 +120,7 @@ class Batcher:
         )  # fmt: skip
         request.results = [None] * count
         self._queue.push(request)
+        self._arrivals.arrived(count, now)
         self._idle.clear()
         self._wake.set()
         try:
@@ -134,7 +139,12 @@ class Batcher:
                 self._wake.clear()
                 now = self._loop.time()
                 decision = decide(
-                    self._queue.groups(), self._limits, self._inflight, self._draining, now
+                    self._queue.groups(),
+                    self._limits,
+                    self._inflight,
+                    self._draining,
+                    now,
+                    self._outlook(now),
                 )
                 if isinstance(decision, tuple):
                     group, reason = decision
@@ -168,6 +178,19 @@ class Batcher:
             return False
         return True
 
+    def _outlook(self, now: float) -> Outlook:
+        timeline, arrivals = self._timeline, self._arrivals
+        # Closed-loop callers due back: those answered lately, and those of the next answer.
+        # (A caller counts as one item: most send one; with more, waiting pays all the more.)
+        company = []
+        if returning := arrivals.returning(now):
+            company.append((returning, *arrivals.back(arrivals.last_answer)))
+        if (upcoming := timeline.next_answer()) is not None:
+            company.append((upcoming[0], *arrivals.back(upcoming[1])))
+        return Outlook(
+            timeline.ready_at(), timeline.fixed_s(), arrivals.per_second(now), tuple(company)
+        )
+
     def _changed(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:
             self._idle.set()
@@ -180,19 +203,28 @@ class Batcher:
             self._metrics.padding_ratio.observe(ratio)
         self._inflight += 1
         self._metrics.inflight_batches.set(self._inflight)
-        task = asyncio.create_task(self._run_batch(parts, items))
+        token = self._timeline.sent(len(items), self._loop.time())
+        task = asyncio.create_task(self._run_batch(parts, items, token))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_batch(self, parts: list[Part], items: list[Item]) -> None:
+    async def _run_batch(self, parts: list[Part], items: list[Item], token: int) -> None:
         started = self._loop.time()
         timeout_s = max(part.request.deadline for part in parts) - started
+        answered = False
         try:
-            if await execution.execute(self._sender, parts, items, timeout_s):
+            answered = await execution.execute(self._sender, parts, items, timeout_s)
+            if answered:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
                 self._throughput.record(started, self._loop.time(), len(items))
+                done = sum(part.stop == len(part.request.items) for part in parts)
+                self._arrivals.answered(done, self._loop.time())
         finally:
-            self._metrics.model_duration.observe(self._loop.time() - started)
+            finished = self._loop.time()
+            self._timeline.answered(token, finished, learn=answered)
+            work = self._timeline.work
+            self._metrics.model_learned(work.fixed_s, work.per_item_s, self._timeline.hop_s())
+            self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)
             self._changed()

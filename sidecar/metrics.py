@@ -77,9 +77,29 @@ class SidecarMetrics:
             "Round trip of one batch to the model server.",
             LATENCY_BUCKETS,
         ).labels(model)
+        # Timed dispatch's model of the model server: a batch of b items takes
+        # fixed + item * b seconds there, and the hop there and back adds the hop.
+        self.model_fixed = Gauge(
+            "carpool_model_batch_fixed_seconds",
+            "Learned time of a batch at the model server that does not grow with its size.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
+        self.model_item = Gauge(
+            "carpool_model_batch_item_seconds",
+            "Learned time each item adds to a batch at the model server.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
+        self.model_hop = Gauge(
+            "carpool_model_hop_seconds",
+            "Learned round trip of a batch to the model server beyond the model's work.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
         self._model = model
         # Create every labelled child up front so dashboards see zeros, not gaps.
-        for reason in ("full", "timeout", "idle", "drain"):
+        for reason in ("full", "timeout", "idle", "model_ready", "drain"):
             self.batches.labels(model, reason)
         for reason in ("queue_full", "deadline", "too_large", "bad_request", "body_timeout"):
             self.rejected.labels(model, reason)
@@ -89,6 +109,11 @@ class SidecarMetrics:
     def batch_sent(self, reason: str, size: int) -> None:
         self.batches.labels(self._model, reason).inc()
         self.batch_size.observe(size)
+
+    def model_learned(self, fixed_s: float, item_s: float, hop_s: float) -> None:
+        self.model_fixed.set(fixed_s)
+        self.model_item.set(item_s)
+        self.model_hop.set(hop_s)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self._model, reason).inc()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self, get_args
 
-Dispatch = Literal["adaptive", "fixed"]
+Dispatch = Literal["timed", "adaptive", "fixed"]
 DISPATCH_MODES: tuple[Dispatch, ...] = get_args(Dispatch)
 
 
@@ -126,8 +126,10 @@ class Batching:
         default="adaptive",
         metadata=_knob(
             "dispatch",
-            "adaptive ships a batch as soon as the model server is idle; fixed always waits "
-            "maxWaitMs or a full batch.",
+            "timed ships a batch when the model server can start it, from learned batch "
+            "durations, and waits up to maxWaitMs at an idle one only when a fuller batch pays; "
+            "adaptive ships a batch as soon as the model server is idle, otherwise when full or "
+            "after maxWaitMs; fixed always waits maxWaitMs or a full batch.",
             choices=DISPATCH_MODES,
         ),
     )

@@ -91,7 +91,7 @@ def test_every_setting_parses_from_text() -> None:
         ("max_batch_size", "32.5", "must be an integer from 1 to 1024"),
         ("max_wait_ms", "", "must be an integer from 0 to 10000"),
         ("timeout_ms", "30s", "must be an integer from 1 to 3600000"),
-        ("dispatch", "eager", "must be one of adaptive, fixed"),
+        ("dispatch", "eager", "must be one of timed, adaptive, fixed"),
         ("image", "Not An Image", "not a valid image reference"),
         ("cuda_image", "", "not a valid image reference"),
         ("runtime_class_name", "Nvidia_Runtime", "not a valid RuntimeClass name"),

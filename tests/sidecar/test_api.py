@@ -13,7 +13,8 @@ import orjson
 import pytest
 from support.sidecar import Pair, Sidecar, get, infer, metric, run_pair, v2_body
 
-# A long window: only adaptive dispatch keeps a lone request from waiting for it.
+# A long window: only dispatch that sends to an idle model at once (timed, adaptive) keeps a
+# lone request from waiting for it.
 SIDECAR_ARGS = ("--max-batch-size", "8", "--max-wait-ms", "2000", "--max-body-bytes", "4096")
 
 
@@ -33,7 +34,7 @@ def expected(rows: list[list[float]]) -> list[float]:
 
 
 def batches(sidecar: Sidecar) -> dict[str, float]:
-    names = ("full", "timeout", "idle", "drain")
+    names = ("full", "timeout", "idle", "model_ready", "drain")
     return {reason: metric(sidecar, "carpool_batches_total", reason=reason) for reason in names}
 
 
