@@ -117,7 +117,8 @@ async def _rounds(
 
 
 def _median_range(values: list[float], digits: int = 0) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    median, low, high = statistics.median(values), min(values), max(values)
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def _per_core(cells: list[Cell], variant: str, protocol: str) -> dict[int, float]:

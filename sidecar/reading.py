@@ -62,28 +62,15 @@ async def read_body(
     budget.check()
     chunks: list[bytes] = []
     held = 0
-    loop = asyncio.get_running_loop()
     try:
         while True:
             # What has arrived is taken without arming a timer: a small body usually comes
             # whole with its headers.
             chunk = content.read_nowait()
+            if not chunk and not content.at_eof():
+                chunk = await _next_chunk(content, idle_s, deadline, held)
             if not chunk:
-                if content.at_eof():
-                    return b"".join(chunks)
-                idle_until = loop.time() + idle_s
-                try:
-                    async with asyncio.timeout_at(min(idle_until, deadline)):
-                        chunk = await content.readany()
-                except TimeoutError:
-                    # 408 either way: the request itself did not arrive in time.
-                    if deadline <= idle_until:
-                        raise BodyTimeout(
-                            f"the request's deadline passed with {held} bytes of the body read"
-                        ) from None
-                    raise BodyTimeout(f"no body bytes for {idle_s:g} s after {held} bytes") from None
-                if not chunk:
-                    return b"".join(chunks)
+                return b"".join(chunks)
             if held + len(chunk) > max_bytes:
                 raise PayloadTooLarge(
                     f"body larger than the limit of {max_bytes} bytes", close_connection=True
@@ -94,3 +81,18 @@ async def read_body(
             budget.held += len(chunk)
     finally:
         budget.held -= held
+
+
+async def _next_chunk(content: StreamReader, idle_s: float, deadline: float, held: int) -> bytes:
+    """The next bytes of the body (empty at its end), within `idle_s` and the deadline."""
+    idle_until = asyncio.get_running_loop().time() + idle_s
+    try:
+        async with asyncio.timeout_at(min(idle_until, deadline)):
+            return await content.readany()
+    except TimeoutError:
+        # 408 either way: the request itself did not arrive in time.
+        if deadline <= idle_until:
+            raise BodyTimeout(
+                f"the request's deadline passed with {held} bytes of the body read"
+            ) from None
+        raise BodyTimeout(f"no body bytes for {idle_s:g} s after {held} bytes") from None
