@@ -1,8 +1,9 @@
 """The event loop carpool's servers run on: uvloop where it is installed, else asyncio's.
 
-uvloop's transports and timers are C, which cuts the sidecar's CPU per request
-(docs/benchmarks.md, "The sidecar's per-request cost"). `CARPOOL_EVENT_LOOP=asyncio` picks
-the standard loop anyway, e.g. to rule uvloop out while chasing a bug.
+uvloop's transports and timers are C; it measured a little cheaper per request than
+asyncio's loop (docs/benchmarks.md, "The sidecar's per-request cost").
+`CARPOOL_EVENT_LOOP=asyncio` picks the standard loop anyway, e.g. to rule uvloop out while
+chasing a bug.
 """
 
 from __future__ import annotations
