@@ -6,9 +6,11 @@ import asyncio
 import sys
 
 import pytest
-import uvloop
 
 from carpool import event_loop
+
+# A dependency of carpool, except on Windows.
+uvloop = pytest.importorskip("uvloop")
 
 
 async def loop_type() -> type[asyncio.AbstractEventLoop]:
