@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 from aiohttp import web
 
+from carpool import event_loop
 from carpool.comma_list import CommaList
 from carpool.contract import frames
 from carpool.model_server import config as config_module
@@ -137,7 +138,7 @@ def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
             raise click.ClickException(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        code = asyncio.run(serve(config))
+        code = event_loop.run(serve(config))
     except ConfigError as error:
         # A handler that does not import is found here; the pod's status should say so too.
         _tell_kubernetes(f"{LOAD_FAILED}{error}")

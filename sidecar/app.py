@@ -52,7 +52,8 @@ def error_response(status: int, message: str, extra: dict[str, str] | None = Non
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[SIDECAR].metrics
     counted = request.match_info.route.name in INFERENCE_ROUTES
-    started = asyncio.get_running_loop().time()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     response: web.StreamResponse | None = None
     try:
         try:
@@ -74,10 +75,10 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         if counted:
             # No response: the handler was cancelled because the client left.
             status = CLIENT_GONE if response is None else response.status
-            metrics.answered(status, asyncio.get_running_loop().time() - started, "rest")
+            metrics.answered(status, loop.time() - started, "rest")
 
 
-async def read_body(request: web.Request, deadline: float) -> bytearray:
+async def read_body(request: web.Request, deadline: float) -> bytes:
     sidecar = request.app[SIDECAR]
     return await reading.read_body(
         request.content,

@@ -134,8 +134,9 @@ class DataPlane:
         count = _check_inputs(inputs, metadata)
         nbytes = sum(tensor.nbytes for tensor in inputs)
         # Before the items are cut: an oversized request costs no per-item objects.
-        self.bounds().check_items(count)
-        self.bounds().check_bytes(nbytes)
+        bounds = self.bounds()
+        bounds.check_items(count)
+        bounds.check_bytes(nbytes)
         key, lengths = _batch_key(inputs, metadata)
         return await self.batcher.submit(
             _items(inputs, count), key, deadline, priority=priority, lengths=lengths, nbytes=nbytes

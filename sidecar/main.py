@@ -13,6 +13,7 @@ import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from carpool import event_loop
 from carpool.contract.batching import DISPATCH_MODES, Dispatch
 from carpool.contract.pod import MODEL_SERVER_URL
 from carpool.sidecar.app import SIDECAR, create_app
@@ -110,7 +111,7 @@ def command(
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    sys.exit(asyncio.run(serve(config)))
+    sys.exit(event_loop.run(serve(config)))
 
 
 async def serve(config: SidecarConfig) -> int:

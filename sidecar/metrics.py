@@ -105,6 +105,9 @@ class SidecarMetrics:
             self.rejected.labels(model, reason)
         for protocol in PROTOCOLS:
             self.request_duration.labels(model, protocol)
+        # answered() runs once per request and labels() is a locked lookup with string
+        # keys: its children are kept here by (protocol, code).
+        self._answers: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
 
     def batch_sent(self, reason: str, size: int) -> None:
         self.batches.labels(self._model, reason).inc()
@@ -119,5 +122,13 @@ class SidecarMetrics:
         self.rejected.labels(self._model, reason).inc()
 
     def answered(self, code: int, seconds: float, protocol: str) -> None:
-        self.requests.labels(self._model, protocol, str(code)).inc()
-        self.request_duration.labels(self._model, protocol).observe(seconds)
+        children = self._answers.get((protocol, code))
+        if children is None:
+            children = (
+                self.requests.labels(self._model, protocol, str(code)),
+                self.request_duration.labels(self._model, protocol),
+            )
+            self._answers[protocol, code] = children
+        requests, duration = children
+        requests.inc()
+        duration.observe(seconds)

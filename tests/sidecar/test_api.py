@@ -301,3 +301,20 @@ async def test_deadline_counts_from_arrival_not_from_the_parsed_body(sidecar: Si
         assert "deadline" in (await reply.json())["error"]
         assert reply.headers["Connection"] == "close"
     assert time.monotonic() - started < 0.45
+
+
+async def test_a_body_arriving_in_pieces_is_read_whole(sidecar: Sidecar) -> None:
+    rows = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
+    body = orjson.dumps(v2_body(rows))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 16):
+            yield body[start : start + 16]
+            await asyncio.sleep(0.01)
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{sidecar.url}/v2/models/toy/infer", data=pieces()) as reply,
+    ):
+        assert reply.status == 200, await reply.text()
+        assert (await reply.json())["outputs"][0]["data"] == expected(rows)
