@@ -61,11 +61,11 @@ lint: setup
 typecheck: link
 	$(VENV)/bin/mypy -p carpool -p carpool.model_server -p carpool.sidecar -p carpool.operator
 
-# The suite mostly waits on the processes it starts, so four workers share the two cores of
+# The suite mostly waits on the processes it starts, so three workers share the two cores of
 # CI well; a file's tests stay on one worker, sharing its module fixtures. Tests marked serial
 # assert bounds of a few seconds: they run afterwards, alone.
 unit: link tools
-	$(VENV)/bin/pytest -q -n 4 --dist loadfile -m 'not serial'
+	$(VENV)/bin/pytest -q -n 3 --dist loadfile -m 'not serial'
 	$(VENV)/bin/pytest -q -m serial
 
 # Lint and the type check run while the tools download; the tests start once the CPU is free.
