@@ -13,9 +13,11 @@ export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	python3 -m venv $(VENV)
-	# The CPU wheel first: any looser spec pulls gigabytes of CUDA packages.
-	$(PY) -m pip install -qq torch==2.13.0
-	$(PY) -m pip install -qq -c constraints-dev.txt -e '.[dev]' --config-settings editable_mode=strict
+	# The CPU wheel first, by pip, which finds the machine's local file (uv does not look there):
+	# any looser spec pulls gigabytes of CUDA packages. uv then installs the rest in seconds.
+	$(PY) -m pip install -qq -c constraints-dev.txt torch==2.13.0 uv
+	$(VENV)/bin/uv pip install -q --python $(PY) -c constraints-dev.txt -e '.[dev]' \
+		--config-settings editable_mode=strict
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -59,10 +61,17 @@ lint: setup
 typecheck: link
 	$(VENV)/bin/mypy -p carpool -p carpool.model_server -p carpool.sidecar -p carpool.operator
 
+# The suite mostly waits on the processes it starts, so three workers share the two cores of
+# CI well; a file's tests stay on one worker, sharing its module fixtures. Tests marked serial
+# assert bounds of a few seconds: they run afterwards, alone.
 unit: link tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 3 --dist loadfile -m 'not serial'
+	$(VENV)/bin/pytest -q -m serial
 
-test: lint typecheck unit
+# Lint and the type check run while the tools download; the tests start once the CPU is free.
+test:
+	$(MAKE) -j2 --output-sync=target lint typecheck tools
+	$(MAKE) unit
 
 bench: setup
 	# A script's own folder (bench/) goes first on sys.path only without PYTHONSAFEPATH.
@@ -88,7 +97,6 @@ image-cuda:
 # The resolved versions of '.[dev]' for this Python, torch pinned to the CPU wheel CI installs
 # (its CUDA packages left out: the CPU wheel needs none). uv resolves in seconds.
 constraints: setup
-	$(PY) -m pip install -qq uv
 	echo torch==2.13.0 > $(VENV)/torch-pin.txt
 	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --python-version 3.11 \
 		--python-platform x86_64-manylinux_2_28 -c $(VENV)/torch-pin.txt --no-header \

@@ -47,7 +47,7 @@ def test_the_readme_serves_its_example_model_as_it_says(tmp_path: Path) -> None:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
     env[variable.split("=")[0]] = variable.split("=")[1]
     command = [str(Path(sys.executable).parent / "carpool"), *args, "--port", str(port)]
-    command += ["--torch-threads", "1"]
+    command += ["--grpc-port", str(processes.free_port()), "--torch-threads", "1"]
     process = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}"

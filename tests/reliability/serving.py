@@ -88,7 +88,7 @@ def run_serve(folder: Path) -> Iterator[Serve]:
     port = free_port()
     script = Path(sys.executable).parent / "carpool"
     command = [str(script), "serve", "--handler", "toy", "--torch-threads", "1"]
-    command += ["--port", str(port)]
+    command += ["--port", str(port), "--grpc-port", str(free_port())]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
     log = folder / "serve.log"
     with log.open("w") as out:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.crash import Plan, broken_promises, run, summary
 from reliability.soaked import soaked
+
+pytestmark = pytest.mark.serial
 
 
 def test_model_server_crashes_lose_no_request(tmp_path: Path) -> None:

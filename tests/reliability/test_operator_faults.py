@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.operator_chaos import Plan, broken_promises, run, summary
 from reliability.soaked import soaked
+
+pytestmark = pytest.mark.serial
 
 
 def test_operator_converges_through_api_faults_and_resyncs_without_writes(tmp_path: Path) -> None:

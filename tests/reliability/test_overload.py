@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.overload import Plan, broken_promises, run, summary
 from reliability.soaked import soaked
+
+pytestmark = pytest.mark.serial
 
 
 def test_overload_is_refused_with_429_and_the_rest_meets_its_deadline(tmp_path: Path) -> None:

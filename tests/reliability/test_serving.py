@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.serving import (
     KilledPlan,
     RestartPlan,
@@ -22,6 +23,8 @@ from reliability.serving import (
     run_restarts,
 )
 from reliability.soaked import soaked
+
+pytestmark = pytest.mark.serial
 
 
 def test_serve_restarts_a_killed_child_and_is_ready_within_5_s(tmp_path: Path) -> None:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.shutdown import Plan, broken_promises, run, summary
 from reliability.soaked import soaked
+
+pytestmark = pytest.mark.serial
 
 
 def test_sigterm_under_load_answers_everything_accepted(tmp_path: Path) -> None:

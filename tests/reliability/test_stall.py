@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.soaked import soaked
 from reliability.stall import Plan, broken_promises, run, summary
+
+pytestmark = pytest.mark.serial
 
 
 def test_hung_model_server_costs_callers_no_more_than_their_deadline(tmp_path: Path) -> None:

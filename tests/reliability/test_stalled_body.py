@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.soaked import soaked
 from reliability.stalled_body import Plan, broken_promises, run, summary
+
+pytestmark = pytest.mark.serial
 
 
 def test_stalled_bodies_are_answered_by_their_timeouts_in_bounded_memory(tmp_path: Path) -> None:
