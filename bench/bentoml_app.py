@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
-import click
 import peer_model
 
 # Settings from `main` to the service, which `bentoml serve` imports in its own process.
@@ -66,14 +65,7 @@ class CarpoolModel:
         return answers
 
 
-@click.command()
-@click.option("--handler", default="text-embedding", show_default=True)
-@click.option("--model-name", default=None)
-@click.option("--port", type=int, required=True)
-@click.option("--device", default="auto", show_default=True)
-@click.option("--torch-threads", type=int, default=1, show_default=True)
-@click.option("--max-batch-size", type=int, default=32, show_default=True)
-@click.option("--max-wait-ms", type=float, default=5.0, help="Not used: see above.")
+@peer_model.serve_options
 def main(
     handler: str,
     model_name: str | None,
@@ -94,9 +86,11 @@ def main(
     os.environ.update({ENV[key]: value for key, value in settings.items()})
     os.environ["BENTOML_DO_NOT_TRACK"] = "true"
     here = Path(__file__).resolve()
-    bentoml_cli = str(Path(sys.executable).parent / "bentoml")
-    command = [bentoml_cli, "serve", f"{here.stem}:CarpoolModel", "--working-dir", str(here.parent)]
-    os.execv(bentoml_cli, [*command, "--host", "127.0.0.1", "--port", str(port)])
+    # `python -m bentoml`, not the venv's `bentoml` script: its first line names the folder the
+    # venv was built in, which need not be where it is now.
+    command = [sys.executable, "-m", "bentoml", "serve", f"{here.stem}:CarpoolModel"]
+    command += ["--working-dir", str(here.parent), "--host", "127.0.0.1", "--port", str(port)]
+    os.execv(sys.executable, command)
 
 
 if __name__ == "__main__":

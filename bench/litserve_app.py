@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import click
 import litserve
 import peer_model
 
@@ -63,14 +62,7 @@ class CarpoolModel(litserve.LitAPI):  # type: ignore[misc]
         return {"model_name": self.model_name, "outputs": peer_model.outputs(output)}
 
 
-@click.command()
-@click.option("--handler", default="text-embedding", show_default=True)
-@click.option("--model-name", default=None)
-@click.option("--port", type=int, required=True)
-@click.option("--device", default="auto", show_default=True)
-@click.option("--torch-threads", type=int, default=1, show_default=True)
-@click.option("--max-batch-size", type=int, default=32, show_default=True)
-@click.option("--max-wait-ms", type=float, default=5.0, show_default=True)
+@peer_model.serve_options
 def main(
     handler: str,
     model_name: str | None,

@@ -9,9 +9,10 @@ server does. Only the serving and batching machinery differs between the variant
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import click
 import torch
 
 from carpool.contract.wire import Item, ItemResult, Tensor
@@ -20,6 +21,23 @@ from carpool.sidecar import tensors
 from carpool.sidecar.errors import BadRequest
 
 JsonTensor = Mapping[str, Any]
+
+
+def serve_options(main: Callable[..., None]) -> click.Command:
+    """The command line every peer app takes, as bench/servers.py passes it."""
+    for option in reversed(
+        (
+            click.option("--handler", default="text-embedding", show_default=True),
+            click.option("--model-name", default=None),
+            click.option("--port", type=int, required=True),
+            click.option("--device", default="auto", show_default=True),
+            click.option("--torch-threads", type=int, default=1, show_default=True),
+            click.option("--max-batch-size", type=int, default=32, show_default=True),
+            click.option("--max-wait-ms", type=float, default=5.0, show_default=True),
+        )
+    ):
+        main = option(main)
+    return click.command()(main)
 
 
 def load(handler_name: str, device: str, torch_threads: int, max_batch_size: int) -> AnyHandler:

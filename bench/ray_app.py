@@ -18,7 +18,7 @@ import signal
 import tempfile
 from typing import Any
 
-import click
+import peer_model
 import ray
 import torch
 from ray import serve
@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from carpool.contract.wire import Item, ItemResult, Tensor
-from carpool.model_server.handler import HandlerSettings, load_handler_class
 from carpool.sidecar import oip, tensors
 from carpool.sidecar.errors import SidecarError
 from carpool.sidecar.inference import InferResponse
@@ -51,31 +50,14 @@ class BatchedModel:
         max_batch_size: int,
         max_wait_ms: float,
     ) -> None:
-        torch.set_num_threads(torch_threads)
-        if device == "auto":
-            device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        settings = HandlerSettings(None, torch.float32, max_batch_size)
-        self.handler = load_handler_class(handler)(settings)
-        with torch.inference_mode():
-            self.handler.load(torch.device(device))
+        self.handler = peer_model.load(handler, device, torch_threads, max_batch_size)
         self.model_name = model_name
         self.infer_batch.set_max_batch_size(max_batch_size)
         self.infer_batch.set_batch_wait_timeout_s(max_wait_ms / 1000)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def infer_batch(self, items: list[Item]) -> list[ItemResult]:
-        with torch.inference_mode():
-            prepared = self.handler.preprocess(items)
-            outputs: list[dict[str, Tensor]] = []
-            if prepared.batch is not None:
-                outputs = self.handler.postprocess(self.handler.infer(prepared.batch))
-        answers = iter(outputs)
-        return [
-            ItemResult.failed(prepared.rejected[index], 400)
-            if index in prepared.rejected
-            else ItemResult(outputs=next(answers))
-            for index in range(len(items))
-        ]
+        return peer_model.run(self.handler, items)
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -111,14 +93,7 @@ class BatchedModel:
         return Response(body, headers=headers)
 
 
-@click.command()
-@click.option("--handler", default="text-embedding", show_default=True)
-@click.option("--model-name", default=None)
-@click.option("--port", type=int, required=True)
-@click.option("--device", default="auto", show_default=True)
-@click.option("--torch-threads", type=int, default=1, show_default=True)
-@click.option("--max-batch-size", type=int, default=32, show_default=True)
-@click.option("--max-wait-ms", type=float, default=5.0, show_default=True)
+@peer_model.serve_options
 def main(
     handler: str,
     model_name: str | None,

@@ -13,18 +13,12 @@ own metrics server is off (the request path keeps its metrics).
 from __future__ import annotations
 
 import asyncio
-import socket
 
-import click
+import peer_model
 from mlserver import MLServer
 from mlserver.settings import ModelParameters, ModelSettings, Settings
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from carpool import processes
 
 
 async def _serve(settings: Settings, model: ModelSettings) -> None:
@@ -33,14 +27,7 @@ async def _serve(settings: Settings, model: ModelSettings) -> None:
     await server.start([model])
 
 
-@click.command()
-@click.option("--handler", default="text-embedding", show_default=True)
-@click.option("--model-name", default=None)
-@click.option("--port", type=int, required=True)
-@click.option("--device", default="auto", show_default=True)
-@click.option("--torch-threads", type=int, default=1, show_default=True)
-@click.option("--max-batch-size", type=int, default=32, show_default=True)
-@click.option("--max-wait-ms", type=float, default=5.0, show_default=True)
+@peer_model.serve_options
 def main(
     handler: str,
     model_name: str | None,
@@ -55,7 +42,7 @@ def main(
         host="127.0.0.1",
         http_port=port,
         # MLServer always serves gRPC too: on a port of its own, unused.
-        grpc_port=_free_port(),
+        grpc_port=processes.free_port(),
         metrics_endpoint=None,
         parallel_workers=1,
         debug=False,
