@@ -48,7 +48,7 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("max-queue-items", int, DEFAULTS.max_queue_items, "queued items before 429")
 @_option("max-queue-bytes", int, DEFAULTS.max_queue_bytes, "queued tensor bytes before 429")
 @_option("timeout-ms", float, DEFAULTS.timeout_ms, "default and longest per-request deadline")
-@_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "adaptive: no wait when idle")
+@_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "when batches leave")
 @_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
 @_option("max-body-bytes", int, CONFIG.max_body_bytes, "largest request body (413 above)")
 @_option("body-timeout-seconds", float, CONFIG.body_timeout_s, "body idle this long: 408")
