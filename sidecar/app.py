@@ -78,7 +78,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
             metrics.answered(status, loop.time() - started, "rest")
 
 
-async def read_body(request: web.Request, deadline: float) -> bytes:
+async def read_body(request: web.Request, deadline: float) -> bytearray:
     sidecar = request.app[SIDECAR]
     return await reading.read_body(
         request.content,

@@ -46,7 +46,7 @@ async def read_body(
     budget: ReadingBudget,
     idle_s: float,
     deadline: float,
-) -> bytes:
+) -> bytearray:
     """The whole body; `declared` is its Content-Length, `deadline` loop time.
 
     Raises PayloadTooLarge (before reading, when the declared length says so), BodyTimeout
@@ -60,27 +60,26 @@ async def read_body(
             close_connection=True,
         )
     budget.check()
-    chunks: list[bytes] = []
-    held = 0
+    # Grown in place: a list of chunks joined at the end would hold a large body twice.
+    body = bytearray()
     try:
         while True:
             # What has arrived is taken without arming a timer: a small body usually comes
             # whole with its headers.
             chunk = content.read_nowait()
             if not chunk and not content.at_eof():
-                chunk = await _next_chunk(content, idle_s, deadline, held)
+                chunk = await _next_chunk(content, idle_s, deadline, len(body))
             if not chunk:
-                return b"".join(chunks)
-            if held + len(chunk) > max_bytes:
+                return body
+            if len(body) + len(chunk) > max_bytes:
                 raise PayloadTooLarge(
                     f"body larger than the limit of {max_bytes} bytes", close_connection=True
                 )
             budget.check(close_connection=True)
-            chunks.append(chunk)
-            held += len(chunk)
+            body += chunk
             budget.held += len(chunk)
     finally:
-        budget.held -= held
+        budget.held -= len(body)
 
 
 async def _next_chunk(content: StreamReader, idle_s: float, deadline: float, held: int) -> bytes:

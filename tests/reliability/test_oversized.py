@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from reliability.oversized import Plan, broken_promises, run, summary
 from reliability.soaked import soaked
+
+# Its 100 ms bound is wall-clock: measured alone, not beside other tests.
+pytestmark = pytest.mark.serial
 
 
 def test_an_oversized_request_is_refused_at_once_and_harms_no_neighbour(tmp_path: Path) -> None:

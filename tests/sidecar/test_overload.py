@@ -48,8 +48,11 @@ async def test_higher_priority_is_served_first(pair: Pair, http: aiohttp.ClientS
         done.append(name)
 
     blocker = await start_blocker(http, sidecar)
-    low = [asyncio.create_task(caller(f"low{i}", 0)) for i in range(2)]
-    await until(sidecar, "carpool_queue_items", 2)
+    low = []
+    for index in range(2):
+        # One at a time: two requests sent together may reach the sidecar in either order.
+        low.append(asyncio.create_task(caller(f"low{index}", 0)))
+        await until(sidecar, "carpool_queue_items", index + 1)
     high = asyncio.create_task(caller("high", 7))
     await until(sidecar, "carpool_queue_items", 3)
     await asyncio.gather(blocker, high, *low)
