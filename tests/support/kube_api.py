@@ -279,7 +279,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     kube_apply); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
-    cascading, background-style); discovery (`/api`, `/apis`, each group and version) including
+    cascading, background-style; a dependent created after its owners are gone goes too);
+    discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
     schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of
@@ -770,7 +771,12 @@ class KubeApiServer(kmock.KubernetesEmulator):
         metadata["resourceVersion"] = str(next(self._revision))
         self.store[key] = obj
         self._emit(kind, "ADDED", obj)
-        return copy.deepcopy(obj)
+        created = copy.deepcopy(obj)
+        if self._owners_gone(obj):
+            # The garbage collector deletes a dependent none of whose owners exist, also one
+            # created after they were deleted (a controller racing the owner's deletion).
+            self._delete(kind, key, {})
+        return created
 
     def _update(
         self,
@@ -930,6 +936,13 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", [])
             )
         )
+
+    def _owners_gone(self, obj: Json) -> bool:
+        references = obj["metadata"].get("ownerReferences") or []
+        if not references:
+            return False
+        live = {stored["metadata"]["uid"] for stored in self.store.values()}
+        return not any(reference.get("uid") in live for reference in references)
 
     def _collect(self, condemned: Callable[[KindKey, Json], bool]) -> None:
         for (kind_key, namespace, name), obj in list(self.store.items()):
