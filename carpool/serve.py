@@ -129,7 +129,9 @@ def _serve(
             if not processes.wait_ready(
                 [model.process, sidecar.process], ready, READY_TIMEOUT_S, "carpool", stop
             ):
-                return 1  # stopped before it was ready
+                # A signal is a stop asked for, whenever it comes: as clean as after ready.
+                click.echo("carpool: stopped before the model was ready", err=True)
+                return 0
         except processes.NotReady as error:
             # Before the first ready, an exit means a bad flag or model: no restarts.
             click.echo(f"carpool: {error}", err=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import stat
 import sys
@@ -138,16 +139,25 @@ def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
             raise click.ClickException(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        code = event_loop.run(serve(config))
+        code, still_loading = event_loop.run(serve(config))
     except ConfigError as error:
         # A handler that does not import is found here; the pod's status should say so too.
         _tell_kubernetes(f"{LOAD_FAILED}{error}")
         raise click.UsageError(str(error)) from error
+    if still_loading:
+        # The worker thread cannot be interrupted and the interpreter would join it at exit:
+        # leave without waiting for a load (minutes, for a large model) nobody will use.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
-async def serve(config: Config) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or a failed load (exit 1)."""
+async def serve(config: Config) -> tuple[int, bool]:
+    """Run until SIGTERM/SIGINT (exit 0) or a failed load (exit 1).
+
+    Returns the exit code, and whether the model was still loading when the signal came.
+    """
     # Imported here so `--help` and config errors do not wait for torch.
     from carpool.model_server.app import data_app, probe_app
     from carpool.model_server.build import build_service
@@ -183,18 +193,23 @@ async def serve(config: Config) -> int:
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
         await stopping
-    if code == 0:
+    still_loading = not loading.done()
+    if still_loading:
+        log.info("stopped while the model was loading: not waiting for the load")
+    elif code == 0:
         await _drain(service, config.drain_seconds)
     log.info("shutting down")
     stopping.cancel()
     await frame_server.close(SHUTDOWN_TIMEOUT_S)
     for runner in runners:
         await runner.cleanup()  # waits for requests in flight, up to SHUTDOWN_TIMEOUT_S
-    # Joins the worker thread: the batch (or load) in progress finishes first.
+    if still_loading:
+        return code, True
+    # Joins the worker thread: the batch in progress finishes first.
     await asyncio.to_thread(service.runner.close)
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await loading
-    return code
+    return code, False
 
 
 def _tell_kubernetes(message: str) -> None:

@@ -211,6 +211,18 @@ def test_ready_only_after_load_and_sigterm_exits_zero(tmp_path: Path) -> None:
         assert stop(server) == 0
 
 
+def test_sigterm_while_loading_exits_zero_at_once(tmp_path: Path) -> None:
+    # A pod deleted, or a Ctrl-C, during a long load: nothing to drain, no load to wait for.
+    env = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_LOAD_S": "120"}
+    with run_model_server(
+        tmp_path, "model_handlers:SlowLoadHandler", env=env, wait_ready=False
+    ) as server:
+        _wait_for(lambda: _status(server, "/healthz") == 200)
+        server.process.terminate()
+        assert server.process.wait(20) == 0
+        assert "stopped while the model was loading" in server.log()
+
+
 def test_failed_load_exits_nonzero(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(SUPPORT_DIR)}
     with run_model_server(
