@@ -40,6 +40,7 @@ from carpool.sidecar.errors import (
     SidecarError,
     Unavailable,
 )
+from carpool.sidecar.execution import Answer
 from carpool.sidecar.metrics import IN_PROCESS, SidecarMetrics
 from carpool.sidecar.pending import BatchKey
 
@@ -60,8 +61,9 @@ class _Sender:
 
     answer: Callable[[Sequence[Item], float], Awaitable[list[ItemResult]]]
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
-        return await self.answer(items, timeout_s)
+    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
+        # No hop and no queue of its own: the round trip is the function's time.
+        return await self.answer(items, timeout_s), None
 
 
 @dataclass(slots=True, eq=False)

@@ -23,7 +23,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
-from carpool.contract.wire import Item, ItemResult, Tensor
+from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor
 from carpool.model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool.model_server.fatal import is_fatal
 from carpool.model_server.handler import AnyHandler, Prepared
@@ -71,14 +71,25 @@ class Runner:
 
         Raises DeviceFailed once the device is unusable.
         """
+        return (await self.run_timed(items))[0]
+
+    async def run_timed(self, items: Sequence[Item]) -> tuple[list[ItemResult], BatchTiming]:
+        """`run`, and how long the items waited for the worker and then took on it."""
+        arrived = time.monotonic()
         results: list[ItemResult] = []
+        first_started = last_finished = arrived
         for start in range(0, len(items), self.max_batch_size):
             chunk = items[start : start + self.max_batch_size]
             prepared = None
             if self._preparer is not None:
                 prepared = await self._on(self._preparer, self._prepare, chunk)
-            results.extend(await self._on(self._executor, self._run_measured, chunk, prepared))
-        return results
+            answered, started, last_finished = await self._on(
+                self._executor, self._run_measured, chunk, prepared
+            )
+            results.extend(answered)
+            if start == 0:
+                first_started = started
+        return results, BatchTiming(first_started - arrived, last_finished - first_started)
 
     def close(self) -> None:
         """Let the batch in flight finish; batches not started yet are dropped."""
@@ -136,7 +147,8 @@ class Runner:
 
     def _run_measured(
         self, items: Sequence[Item], prepared: Prepared[object] | None = None
-    ) -> list[ItemResult]:
+    ) -> tuple[list[ItemResult], float, float]:
+        """The results, and when the worker started and finished them."""
         if self.failure is not None:
             raise DeviceFailed(f"the device failed earlier, a restart is pending: {self.failure}")
         started = time.monotonic()
@@ -145,11 +157,12 @@ class Runner:
         except DeviceFailed:
             self.metrics.observe_batch(len(items), time.monotonic() - started, 0, len(items))
             raise
+        finished = time.monotonic()
         invalid = sum(r.status == InvalidItem.status for r in results if r.error is not None)
         failed = sum(r.error is not None for r in results) - invalid
-        self.metrics.observe_batch(len(items), time.monotonic() - started, invalid, failed)
+        self.metrics.observe_batch(len(items), finished - started, invalid, failed)
         self.metrics.observe_gpu(self.device)
-        return results
+        return results, started, finished
 
     def _isolate(
         self, items: Sequence[Item], prepared: Prepared[object] | None = None

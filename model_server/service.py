@@ -26,12 +26,13 @@ class ModelService:
         await self.runner.load(torch_threads, warmup_sizes)
         self.ready = True
 
-    async def infer(self, items: Sequence[Item]) -> list[ItemResult]:
+    async def infer(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming]:
+        """The items' results, and where their time went."""
         if not self.ready:
             raise NotReady("model is not ready: still loading or warming up")
         self._batches_in_flight += 1
         try:
-            return await self.runner.run(items)
+            return await self.runner.run_timed(items)
         finally:
             self._batches_in_flight -= 1
             self._last_batch_at = time.monotonic()
@@ -42,7 +43,7 @@ class ModelService:
             items = wire.decode_request(body)
         except wire.WireError as error:
             raise BadRequest(f"invalid batch body: {error}") from error
-        return wire.encode_response(await self.infer(items))
+        return wire.encode_response(*await self.infer(items))
 
     def idle_for(self) -> float:
         """Seconds since the last batch finished; 0 while one is in flight."""

@@ -70,15 +70,17 @@ class ModelClient:
         except orjson.JSONDecodeError as error:
             raise BadModelResponse(f"model server sent invalid JSON for {path}") from error
 
-    async def infer(self, items: Sequence[wire.Item], timeout_s: float) -> list[wire.ItemResult]:
-        """One batch round trip: one result per item, in order."""
+    async def infer(
+        self, items: Sequence[wire.Item], timeout_s: float
+    ) -> tuple[list[wire.ItemResult], wire.BatchTiming | None]:
+        """One batch round trip: one result per item, in order, and the model server's timing."""
         body = wire.encode_request(items)
         if self._frames is not None:
             payload = await self._frames.send(body, timeout_s)
         else:
             payload = await self._post(body, timeout_s)
         try:
-            return wire.decode_response(payload)
+            return wire.decode_answer(payload)
         except wire.WireError as error:
             raise BadModelResponse(
                 f"model server sent a malformed batch answer: {error}"

@@ -211,19 +211,20 @@ class Batcher:
     async def _run_batch(self, parts: list[Part], items: list[Item], token: int) -> None:
         started = self._loop.time()
         timeout_s = max(part.request.deadline for part in parts) - started
-        answered = False
+        answer = None
         try:
-            answered = await execution.execute(self._sender, parts, items, timeout_s)
-            if answered:
+            answer = await execution.execute(self._sender, parts, items, timeout_s)
+            if answer is not None:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
                 self._throughput.record(started, self._loop.time(), len(items))
                 done = sum(part.stop == len(part.request.items) for part in parts)
                 self._arrivals.answered(done, self._loop.time())
         finally:
             finished = self._loop.time()
-            self._timeline.answered(token, finished, learn=answered)
-            work = self._timeline.work
-            self._metrics.model_learned(work.fixed_s, work.per_item_s, self._timeline.hop_s())
+            timing = answer[1] if answer is not None else None
+            self._timeline.answered(token, finished, timing, learn=answer is not None)
+            worker = self._timeline.worker
+            self._metrics.model_learned(worker.fixed_s, worker.per_item_s, self._timeline.hop_s())
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)

@@ -7,27 +7,31 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol, cast
 
-from carpool.contract.wire import Item, ItemResult
+from carpool.contract.wire import BatchTiming, Item, ItemResult
 from carpool.sidecar.errors import BadModelResponse, SidecarError, Unavailable
 from carpool.sidecar.pending import Part
 
 log = logging.getLogger(__name__)
 
 
+# One result per item, in order, and the model server's timing of the batch when it tells.
+Answer = tuple[Sequence[ItemResult], BatchTiming | None]
+
+
 class BatchSender(Protocol):
     """Where the engine sends its batches: the model server, or an in-process function."""
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> Sequence[ItemResult]:
-        """One result per item, in order; raises SidecarError on failure."""
+    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
+        """The batch's answer; raises SidecarError on failure."""
         ...
 
 
 async def execute(
     sender: BatchSender, parts: Sequence[Part], items: list[Item], timeout_s: float
-) -> bool:
-    """Send one batch and answer its callers; True when the sender answered every item."""
+) -> Answer | None:
+    """Send one batch and answer its callers; its answer when the sender answered every item."""
     try:
-        results = await sender.send(items, timeout_s)
+        results, timing = await sender.send(items, timeout_s)
         if len(results) != len(items):
             raise BadModelResponse(
                 f"model server returned {len(results)} results for {len(items)} items"
@@ -45,8 +49,8 @@ async def execute(
         fail(parts, SidecarError("internal error; see the sidecar log"))
     else:
         deliver(parts, results)
-        return True
-    return False
+        return results, timing
+    return None
 
 
 def batch_items(parts: Sequence[Part]) -> list[Item]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from carpool.contract.wire import Item, ItemResult
+from carpool.contract.wire import Item
 from carpool.sidecar.client import ModelClient
 from carpool.sidecar.errors import ModelUnreachable
+from carpool.sidecar.execution import Answer
 from carpool.sidecar.health import ModelState
 
 
@@ -19,7 +20,7 @@ class ModelServerForwarder:
         self._client = client
         self._state = state
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
         try:
             return await self._client.infer(items, timeout_s)
         except ModelUnreachable:

@@ -93,7 +93,7 @@ class SidecarMetrics:
         ).labels(model)
         self.model_hop = Gauge(
             "carpool_model_hop_seconds",
-            "Learned round trip of a batch to the model server beyond the model's work.",
+            "Learned round trip of a batch to the model server beyond its time there.",
             ["model"],
             registry=registry,
         ).labels(model)

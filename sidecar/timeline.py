@@ -1,11 +1,14 @@
 """When the model server can start another batch, predicted from the batches it ran.
 
-Two fits of `DurationFit`: `round_trip` learns from batches sent to an idle model server
-(their whole round trip: the hop there and back and the model's work), `service` from batches
-sent while another ran, as the time from the previous answer to theirs: a model server that
-runs batches one at a time starts the next as it answers the last, so that gap is the model's
-work alone. The difference of the two is the hop, which a batch must be sent ahead by to
-arrive as the model frees.
+The model server times every batch it answers (`wire.BatchTiming`): how long the batch
+waited for the worker and how long the worker took. `worker` learns the worker's time by
+batch size; `prepare` the wait of batches that found the worker free, which is their
+preprocessing (ahead of the worker, when the model server pipelines); the hop is what the
+round trip adds to the model server's own time, there and back. The worker runs batches one
+at a time, so each running batch is predicted to start once it has arrived and been
+prepared, or once the one before it ends, whichever is later; the next batch should leave
+half a hop and its preparation before the last running one ends. A sender that does not time
+its batches (an in-process function) counts the whole round trip as the worker's.
 """
 
 from __future__ import annotations
@@ -14,88 +17,92 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from carpool.contract.wire import BatchTiming
 from carpool.sidecar.durations import DurationFit
+
+# Weight of a new sample in the running mean of the hop, once it has a few.
+HOP_ALPHA = 0.1
 
 
 @dataclass(frozen=True, slots=True)
 class _Running:
     size: int
     sent_at: float
-    behind_another: bool  # sent while another batch was at the model server
+    alone: bool  # nothing else was at the model server when it left
 
 
 class ModelTimeline:
     def __init__(self) -> None:
-        self.round_trip = DurationFit()
-        self.service = DurationFit()
+        self.worker = DurationFit()
+        self.prepare = DurationFit()
+        self._hop_s = 0.0
+        self._hops = 0
         self._running: dict[int, _Running] = {}  # by token, in the order sent
         self._tokens = 0
-        self._last_answer = -math.inf
+        # When the worker finished the batch answered last, in the sidecar's time.
+        self._free_at = -math.inf
 
     def sent(self, size: int, now: float) -> int:
         """Note a batch leaving; the token identifies it to `answered`."""
         self._tokens += 1
-        self._running[self._tokens] = _Running(size, now, bool(self._running))
+        self._running[self._tokens] = _Running(size, now, not self._running)
         return self._tokens
 
-    def answered(self, token: int, now: float, learn: bool) -> None:
+    def answered(self, token: int, now: float, timing: BatchTiming | None, learn: bool) -> None:
         """The batch is back; `learn` is False for a failure, whose timing tells nothing."""
         batch = self._running.pop(token)
         if learn:
-            if batch.behind_another:
-                self.service.record(batch.size, now - max(batch.sent_at, self._last_answer))
-            else:
-                self.round_trip.record(batch.size, now - batch.sent_at)
-        self._last_answer = now
+            round_trip = now - batch.sent_at
+            if timing is None:
+                timing = BatchTiming(0.0, round_trip)
+            self.worker.record(batch.size, timing.worker_s)
+            if batch.alone:
+                self.prepare.record(batch.size, timing.queued_s)
+            hop = max(0.0, round_trip - timing.queued_s - timing.worker_s)
+            self._hops += 1
+            self._hop_s += max(1 / self._hops, HOP_ALPHA) * (hop - self._hop_s)
+        self._free_at = now - self._hop_s / 2
+
+    @property
+    def known(self) -> bool:
+        return self.worker.known
 
     def ready_at(self) -> float | None:
-        """When to send the next batch so that it reaches the model server as the running ones
-        are done (or when it was last free); None while nothing has been learned."""
-        if not (self.round_trip.known or self.service.known):
+        """When to send the next batch so that it is ready at the model server as the running
+        ones are done (or when it was last free); None while nothing has been learned."""
+        if not self.known:
             return None
-        last = max((finish for _, finish in self._answers()), default=self._last_answer)
-        return last - self.hop_s()
+        free = max((end for _, end in self._worker_ends()), default=self._free_at)
+        lead = self._hop_s / 2
+        if self.prepare.known:
+            lead += self.prepare.predict(round(self.prepare.mean_size))
+        return free - lead
 
     def next_answer(self) -> tuple[int, float] | None:
         """The size of the batch answered next, and when; None when none runs or nothing has
         been learned."""
-        if not (self.round_trip.known or self.service.known):
+        if not self.known:
             return None
-        return next(self._answers(), None)
+        return next(((size, end + self._hop_s / 2) for size, end in self._worker_ends()), None)
 
-    def _answers(self) -> Iterator[tuple[int, float]]:
-        """Each running batch's size and predicted answer, in the order they were sent."""
-        finish = self._last_answer
+    def _worker_ends(self) -> Iterator[tuple[int, float]]:
+        """Each running batch's size and when the worker is predicted to finish it, in the
+        order they were sent."""
+        free = self._free_at
         for batch in self._running.values():
-            finish = max(
-                batch.sent_at + self._round_trip(batch.size), finish + self._service(batch.size)
-            )
-            yield batch.size, finish
-
-    @property
-    def work(self) -> DurationFit:
-        """The fit nearest the model's own work: `service` once there is one."""
-        return self.service if self.service.known else self.round_trip
+            arrived = batch.sent_at + self._hop_s / 2
+            if self.prepare.known:
+                arrived += self.prepare.predict(batch.size)
+            free = max(arrived, free) + self.worker.predict(batch.size)
+            yield batch.size, free
 
     def hop_s(self) -> float:
-        if not (self.round_trip.known and self.service.known):
-            return 0.0
-        # Compared where round trips were measured: a line fitted to a few sizes need not
-        # hold far from them.
-        size = round(self.round_trip.mean_size)
-        return max(0.0, self.round_trip.predict(size) - self.service.predict(size))
+        return self._hop_s
 
     def fixed_s(self) -> float:
-        """What one more batch costs beyond its items: its round trip's fixed part, since a
-        batch sent to an idle model server leaves it idle for the hop too."""
-        return (self.round_trip if self.round_trip.known else self.service).fixed_s
-
-    def _round_trip(self, size: int) -> float:
-        if self.round_trip.known:
-            return self.round_trip.predict(size)
-        return self.service.predict(size)
-
-    def _service(self, size: int) -> float:
-        if self.service.known:
-            return self.service.predict(size)
-        return self.round_trip.predict(size)
+        """What one more batch costs beyond its items: the worker's fixed part, and for a
+        batch sent to an idle model server, the hop and preparing it too."""
+        fixed = self.worker.fixed_s + self._hop_s
+        if self.prepare.known:
+            fixed += self.prepare.fixed_s
+        return fixed

@@ -6,11 +6,14 @@ format has exactly one definition. `docs/wire-format.md` describes it for implem
 other languages.
 
 Request:                 {"items": [{"inputs": {name: tensor}}, ...]}
-Response (200):          {"results": [{"outputs": {name: tensor}} | {"error": str, "status": int}]}
+Response (200):          {"results": [{"outputs": {name: tensor}} | {"error": str, "status": int}],
+                          "queued_s": float, "worker_s": float}   (both optional)
 Tensor:                  {"datatype": str, "shape": [int, ...], "data": bytes | [bytes, ...]}
 
 An item is one sample: its tensors have no batch dimension. Results come back in the order
-of the items, one each; an item's error carries the HTTP status its caller should see.
+of the items, one each; an item's error carries the HTTP status its caller should see. The
+model server says where the batch's time went (`BatchTiming`): the sidecar's timed dispatch
+learns from it when the model will be free.
 """
 
 from __future__ import annotations
@@ -132,6 +135,17 @@ class ItemResult:
 Item = Mapping[str, Tensor]
 
 
+@dataclass(frozen=True, slots=True)
+class BatchTiming:
+    """The model server's account of one batch."""
+
+    # From its arrival until the worker started it: preprocessing ahead of the worker, or
+    # the batch before it still running.
+    queued_s: float
+    # The worker's own time on it: the forward pass and whatever it did around it.
+    worker_s: float
+
+
 def datatype_of(dtype: np.dtype[Any]) -> str:
     if dtype.kind in "OSU":
         return BYTES
@@ -160,7 +174,8 @@ def _unpack_tensors(raw: Any) -> dict[str, Tensor]:
     return {str(name): _unpack_tensor(value) for name, value in raw.items()}
 
 
-def _loads(body: bytes, key: str) -> list[Any]:
+def _loads(body: bytes, key: str) -> tuple[dict[Any, Any], list[Any]]:
+    """The document and its list under `key`."""
     try:
         document = msgpack.unpackb(body, raw=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
@@ -168,7 +183,7 @@ def _loads(body: bytes, key: str) -> list[Any]:
     entries = document.get(key) if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise WireError(f"body must be a map with a list under {key!r}")
-    return entries
+    return document, entries
 
 
 def encode_request(items: Sequence[Item]) -> bytes:
@@ -178,14 +193,14 @@ def encode_request(items: Sequence[Item]) -> bytes:
 
 def decode_request(body: bytes) -> list[dict[str, Tensor]]:
     items = []
-    for raw in _loads(body, "items"):
+    for raw in _loads(body, "items")[1]:
         if not isinstance(raw, dict):
             raise WireError("each item must be a map with an 'inputs' map")
         items.append(_unpack_tensors(raw.get("inputs")))
     return items
 
 
-def encode_response(results: Sequence[ItemResult]) -> bytes:
+def encode_response(results: Sequence[ItemResult], timing: BatchTiming | None = None) -> bytes:
     packed: list[dict[str, Any]] = []
     for result in results:
         if result.error is not None:
@@ -193,16 +208,28 @@ def encode_response(results: Sequence[ItemResult]) -> bytes:
         else:
             outputs = result.outputs or {}
             packed.append({"outputs": {name: _pack_tensor(t) for name, t in outputs.items()}})
-    return msgpack.packb({"results": packed}, use_bin_type=True)
+    document: dict[str, Any] = {"results": packed}
+    if timing is not None:
+        document["queued_s"], document["worker_s"] = timing.queued_s, timing.worker_s
+    return msgpack.packb(document, use_bin_type=True)
 
 
 def decode_response(body: bytes) -> list[ItemResult]:
+    return decode_answer(body)[0]
+
+
+def decode_answer(body: bytes) -> tuple[list[ItemResult], BatchTiming | None]:
+    """The results, and the model server's timing when it gave one."""
+    document, entries = _loads(body, "results")
     results = []
-    for raw in _loads(body, "results"):
+    for raw in entries:
         if not isinstance(raw, dict):
             raise WireError("each result must be a map")
         if "error" in raw:
             results.append(ItemResult.failed(str(raw["error"]), int(raw.get("status", 500))))
         else:
             results.append(ItemResult(outputs=_unpack_tensors(raw.get("outputs"))))
-    return results
+    queued, worker = document.get("queued_s"), document.get("worker_s")
+    if not (isinstance(queued, float) and isinstance(worker, float)):
+        return results, None
+    return results, BatchTiming(queued, worker)

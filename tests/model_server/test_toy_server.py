@@ -121,9 +121,11 @@ async def test_the_framed_socket_serves_batches_as_post_does(server: ModelServer
     items = [toy_item(1, 2, 3, 4), toy_item(float("inf"), 0, 0, 0), toy_item(5, 6, 7, 8)]
     client = ModelClient(f"unix://{server.socket}")
     try:
-        framed = await client.infer(items, 10.0)
+        framed, timing = await client.infer(items, 10.0)
     finally:
         await client.close()
+    # The model server says where the batch's time went, for timed dispatch.
+    assert timing is not None and timing.worker_s > 0 and timing.queued_s >= 0
     assert framed == await post_batch(server, items)
     assert [r.status for r in framed] == [200, 400, 200]
 

@@ -40,14 +40,14 @@ class Model:
         self.drop_one = False
         self.fail: Exception | None = None
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+    async def send(self, items: Sequence[Item], timeout_s: float) -> tuple[list[ItemResult], None]:
         self.batches.append([value(item) for item in items])
         self.started.set()
         await self.gate.wait()
         if self.fail is not None:
             raise self.fail
         results = [ItemResult(outputs=dict(item)) for item in items]
-        return results[:-1] if self.drop_one else results
+        return (results[:-1] if self.drop_one else results), None
 
 
 class Body(dict[str, Tensor]):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from carpool.contract.wire import Item, ItemResult, Tensor
+from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor
 from carpool.sidecar.batch_queue import Group
 from carpool.sidecar.config import BatchingSettings
 from carpool.sidecar.durations import DurationFit
@@ -40,20 +40,28 @@ class TimedModel:
         self.at_server = 0  # batches sent and not answered, running or waiting for a lane
         self.most_at_server = 0
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
-        self.sent_at.append(asyncio.get_running_loop().time())
+    async def send(
+        self, items: Sequence[Item], timeout_s: float
+    ) -> tuple[list[ItemResult], BatchTiming]:
+        loop = asyncio.get_running_loop()
+        self.sent_at.append(loop.time())
         self.at_server += 1
         self.most_at_server = max(self.most_at_server, self.at_server)
         try:
             await asyncio.sleep(self._hop_s / 2)
+            arrived = loop.time()
             async with self._lanes:
+                started = loop.time()
                 self.sizes.append(len(items))
                 await asyncio.sleep(FIXED_S + PER_ITEM_S * len(items))
+                finished = loop.time()
             await asyncio.sleep(self._hop_s / 2)
         finally:
             self.at_server -= 1
-        self.answered_at.append(asyncio.get_running_loop().time())
-        return [ItemResult(outputs=dict(item)) for item in items]
+        self.answered_at.append(loop.time())
+        # As the model server does: the wait for a lane and the time on it.
+        timing = BatchTiming(started - arrived, finished - started)
+        return [ItemResult(outputs=dict(item)) for item in items], timing
 
 
 def item() -> list[Item]:
@@ -143,7 +151,7 @@ async def test_the_next_batch_leaves_as_the_running_one_ends_less_the_hop(dispat
 
     dispatcher = asyncio.create_task(batcher.run())
     try:
-        # The first pair teaches a round trip at an idle model and a batch behind another.
+        # The first pairs teach the worker's time and the hop.
         for _ in range(5):
             first = call()
             await asyncio.sleep(0.005)
@@ -154,7 +162,8 @@ async def test_the_next_batch_leaves_as_the_running_one_ends_less_the_hop(dispat
         await asyncio.gather(dispatcher, return_exceptions=True)
     first_sent, second_sent = model.sent_at[-2:]
     first_answered = model.answered_at[-2]
-    # Predicted end of the first (34 ms after it left) less the hop (10 ms): not at once, as
+    # When the worker is predicted to finish the first (29 ms after it left: half the hop
+    # there, 24 ms of work) less half the hop (5 ms) it takes to get there: not at once, as
     # adaptive dispatch sends it (maxWait 0). About the first's answer at the latest: timers
     # of a loaded machine fire late, and late sends make later predictions later (known).
     assert first_sent + 0.015 < second_sent < first_answered + 0.001
