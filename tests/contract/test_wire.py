@@ -65,6 +65,14 @@ def test_response_round_trip_with_errors_in_order() -> None:
     assert [(r.error, r.status) for r in decoded[1:]] == [("bad item", 400), ("model failed", 500)]
 
 
+def test_a_response_carries_the_model_servers_timing_when_given() -> None:
+    results = [ItemResult.failed("bad item", 400)]
+    timing = wire.BatchTiming(queued_s=0.002, worker_s=0.031)
+    assert wire.decode_answer(wire.encode_response(results, timing))[1] == timing
+    # A model server that does not time its batches still answers.
+    assert wire.decode_answer(wire.encode_response(results)) == (results, None)
+
+
 @given(st.lists(st.lists(st.floats(width=32), max_size=5), max_size=6))
 def test_any_fp32_batch_round_trips(rows: list[list[float]]) -> None:
     items = [{"v": Tensor.from_numpy(np.array(row, dtype=np.float32))} for row in rows]
