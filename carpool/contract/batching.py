@@ -123,7 +123,7 @@ class Batching:
         ),
     )
     dispatch: Dispatch = field(
-        default="adaptive",
+        default="timed",
         metadata=_knob(
             "dispatch",
             "timed ships a batch when the model server can start it, from learned batch "

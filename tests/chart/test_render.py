@@ -151,7 +151,7 @@ def test_batching_defaults_and_images_reach_the_operator_as_env() -> None:
     assert env["CARPOOL_DEFAULT_MAX_QUEUE_ITEMS"] == "1024"
     assert env["CARPOOL_DEFAULT_TIMEOUT_MS"] == "30000"
     assert env["CARPOOL_DEFAULT_MAX_BATCH_TOKENS"] == "0"
-    assert env["CARPOOL_DEFAULT_DISPATCH"] == "adaptive"
+    assert env["CARPOOL_DEFAULT_DISPATCH"] == "timed"
 
     tuned = _env(render(sets=("defaults.maxBatchSize=64", "defaults.dispatch=fixed")))
     assert tuned["CARPOOL_DEFAULT_MAX_BATCH_SIZE"] == "64"
