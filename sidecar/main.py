@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
@@ -26,6 +27,7 @@ SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULTS = BatchingSettings()
 CONFIG = SidecarConfig(model_name="-", model_server=MODEL_SERVER_URL)
 F = TypeVar("F", bound=Callable[..., None])
+T = TypeVar("T")
 
 
 def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[F], F]:
@@ -111,7 +113,21 @@ def command(
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    sys.exit(event_loop.run(serve(config)))
+    try:
+        sys.exit(event_loop.run(serve(config)))
+    except CannotListen as error:
+        raise click.ClickException(str(error)) from error
+
+
+class CannotListen(Exception):
+    """A port the sidecar was given is taken or not allowed: it cannot start."""
+
+
+async def _listening(opening: Awaitable[T], address: str) -> T:
+    try:
+        return await opening
+    except OSError as error:
+        raise CannotListen(f"cannot listen on {address}: {error.strerror or error}") from error
 
 
 async def serve(config: SidecarConfig) -> int:
@@ -129,16 +145,23 @@ async def serve(config: SidecarConfig) -> int:
         lingering_time=config.body_timeout_s,
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    log.info("sidecar for %r listening on %s", config.model_name, site.name)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     sidecar = app[SIDECAR]
-    # gRPC: beside REST over the same data plane; it stops once the drain has answered its calls.
-    async with grpc_server.serving(config, sidecar.dataplane, sidecar.metrics):
+    # Unwound in reverse: gRPC stops once the drain has answered its calls, then the runner
+    # closes idle keep-alive connections and waits for the answers still being written. On a
+    # failed start too, so the app's background tasks end before the loop does.
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, config.host, config.port)
+        await _listening(site.start(), f"{config.host}:{config.port}")
+        log.info("sidecar for %r listening on %s", config.model_name, site.name)
+        # gRPC: beside REST over the same data plane.
+        grpc_address = f"{config.host}:{config.grpc_port} (gRPC)"
+        serving = grpc_server.serving(config, sidecar.dataplane, sidecar.metrics)
+        await _listening(stack.enter_async_context(serving), grpc_address)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         # Not ready at once, but serving on: endpoints and load balancers take a while to stop
         # sending, and a request that finds the port closed is lost.
@@ -157,7 +180,5 @@ async def serve(config: SidecarConfig) -> int:
             log.warning("drain grace over with %d items queued", batcher.queued_items)
             # Every caller still waiting gets 503 before the connections close.
             await batcher.abort()
-    # Closes idle keep-alive connections and waits for the answers still being written.
-    await runner.cleanup()
     log.info("sidecar stopped")
     return 0

@@ -11,6 +11,7 @@ flight within the grace and refuses new ones.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -59,7 +60,10 @@ async def serving(
     health = HealthFollower(dataplane)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{config.host}:{config.grpc_port}"
-    server.add_insecure_port(address)
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:  # grpcio's way of saying the port is taken
+        raise OSError(errno.EADDRINUSE, "address in use or not allowed") from error
     await server.start()
     follower = asyncio.create_task(health.follow(), name="grpc-health")
     follower.add_done_callback(_report_early_end)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -11,8 +13,12 @@ from typing import Any
 import aiohttp
 import numpy as np
 import orjson
+import pytest
 from support.model_server import SUPPORT_DIR, run_model_server
 from support.sidecar import Sidecar, get, infer, metric, run_pair, run_sidecar, v2_body, wait_for
+
+from carpool import processes
+from carpool.processes import free_port
 
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "2"}
 
@@ -157,3 +163,20 @@ async def test_drain_grace_over_answers_waiting_callers_503(tmp_path: Path) -> N
                 assert status == 503, body
         # Long before the drain grace plus the 5 s shutdown timeout.
         assert sidecar.process.wait(5.0) == 0, sidecar.log()
+
+
+@pytest.mark.parametrize("taken", ["http", "grpc"])
+def test_a_taken_port_is_one_clear_line_and_exit_1(taken: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = str(holder.getsockname()[1])
+        ports = {"http": str(free_port()), "grpc": str(free_port()), taken: held}
+        command = processes.carpool_command("sidecar", "--model-name", "m")
+        command += ["--model-server", "unix:///nonexistent.sock"]
+        command += ["--port", ports["http"], "--grpc-port", ports["grpc"]]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert f"Error: cannot listen on 127.0.0.1:{held}" in done.stderr
+    # Not a crash: no traceback, and the app's background tasks ended cleanly.
+    assert "Traceback" not in done.stderr, done.stderr
