@@ -66,22 +66,14 @@ class CarpoolModel:
 
 
 @peer_model.serve_options
-def main(
-    handler: str,
-    model_name: str | None,
-    port: int,
-    device: str,
-    torch_threads: int,
-    max_batch_size: int,
-    max_wait_ms: float,
-) -> None:
+def main(served: peer_model.Served) -> None:
     """Serve one model with BentoML adaptive batching on 127.0.0.1 until SIGTERM."""
     settings = {
-        "handler": handler,
-        "model_name": model_name or handler,
-        "device": device,
-        "torch_threads": str(torch_threads),
-        "max_batch_size": str(max_batch_size),
+        "handler": served.handler,
+        "model_name": served.model_name,
+        "device": served.device,
+        "torch_threads": str(served.torch_threads),
+        "max_batch_size": str(served.max_batch_size),
     }
     os.environ.update({ENV[key]: value for key, value in settings.items()})
     os.environ["BENTOML_DO_NOT_TRACK"] = "true"
@@ -89,7 +81,14 @@ def main(
     # `python -m bentoml`, not the venv's `bentoml` script: its first line names the folder the
     # venv was built in, which need not be where it is now.
     command = [sys.executable, "-m", "bentoml", "serve", f"{here.stem}:CarpoolModel"]
-    command += ["--working-dir", str(here.parent), "--host", "127.0.0.1", "--port", str(port)]
+    command += [
+        "--working-dir",
+        str(here.parent),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(served.port),
+    ]
     os.execv(sys.executable, command)
 
 

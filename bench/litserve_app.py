@@ -63,23 +63,16 @@ class CarpoolModel(litserve.LitAPI):  # type: ignore[misc]
 
 
 @peer_model.serve_options
-def main(
-    handler: str,
-    model_name: str | None,
-    port: int,
-    device: str,
-    torch_threads: int,
-    max_batch_size: int,
-    max_wait_ms: float,
-) -> None:
+def main(served: peer_model.Served) -> None:
     """Serve one model with LitServe batching on 127.0.0.1 until SIGTERM."""
+    device = served.device
     api = CarpoolModel(
-        handler,
-        model_name or handler,
+        served.handler,
+        served.model_name,
         device,
-        torch_threads,
-        max_batch_size=max_batch_size,
-        batch_timeout=max_wait_ms / 1000,
+        served.torch_threads,
+        max_batch_size=served.max_batch_size,
+        batch_timeout=served.max_wait_ms / 1000,
     )
     accelerator = "cpu" if device == "cpu" else "cuda" if device.startswith("cuda") else "auto"
     # One inference worker and one API server process, as carpool has one model server
@@ -87,7 +80,7 @@ def main(
     server = litserve.LitServer(api, accelerator=accelerator, devices=1, workers_per_device=1)
     server.run(
         host="127.0.0.1",
-        port=port,
+        port=served.port,
         num_api_servers=1,
         generate_client_file=False,
         log_level="warning",

@@ -10,6 +10,7 @@ server does. Only the serving and batching machinery differs between the variant
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -23,8 +24,25 @@ from carpool.sidecar.errors import BadRequest
 JsonTensor = Mapping[str, Any]
 
 
-def serve_options(main: Callable[..., None]) -> click.Command:
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What a peer app serves, and how it batches."""
+
+    handler: str
+    model_name: str  # in URLs; the handler's name unless given
+    port: int
+    device: str
+    torch_threads: int
+    max_batch_size: int
+    max_wait_ms: float
+
+
+def serve_options(main: Callable[[Served], None]) -> click.Command:
     """The command line every peer app takes, as bench/servers.py passes it."""
+
+    def command(model_name: str | None, **options: Any) -> None:
+        main(Served(model_name=model_name or options["handler"], **options))
+
     for option in reversed(
         (
             click.option("--handler", default="text-embedding", show_default=True),
@@ -36,8 +54,8 @@ def serve_options(main: Callable[..., None]) -> click.Command:
             click.option("--max-wait-ms", type=float, default=5.0, show_default=True),
         )
     ):
-        main = option(main)
-    return click.command()(main)
+        command = option(command)
+    return click.command(help=main.__doc__)(command)
 
 
 def load(handler_name: str, device: str, torch_threads: int, max_batch_size: int) -> AnyHandler:

@@ -94,39 +94,28 @@ class BatchedModel:
 
 
 @peer_model.serve_options
-def main(
-    handler: str,
-    model_name: str | None,
-    port: int,
-    device: str,
-    torch_threads: int,
-    max_batch_size: int,
-    max_wait_ms: float,
-) -> None:
+def main(served: peer_model.Served) -> None:
     """Serve one model with Ray Serve batching on 127.0.0.1 until SIGTERM."""
+    device = served.device
     gpus = 1 if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()) else 0
     # Ray puts its working folder on the workers' import path; from the repository root, the
     # source folder `carpool/` would hide the installed package. Start from an empty folder.
     with tempfile.TemporaryDirectory(prefix="carpool-ray-") as folder:
         os.chdir(folder)
-        _serve(handler, model_name, port, device, torch_threads, max_batch_size, max_wait_ms, gpus)
+        _serve(served, gpus)
 
 
-def _serve(
-    handler: str,
-    model_name: str | None,
-    port: int,
-    device: str,
-    torch_threads: int,
-    max_batch_size: int,
-    max_wait_ms: float,
-    gpus: int,
-) -> None:
+def _serve(served: peer_model.Served, gpus: int) -> None:
     ray.init(include_dashboard=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.start(http_options={"host": "127.0.0.1", "port": served.port})
     options: dict[str, Any] = {"num_gpus": gpus} if gpus else {}
     app = BatchedModel.options(ray_actor_options=options).bind(
-        handler, model_name or handler, device, torch_threads, max_batch_size, max_wait_ms
+        served.handler,
+        served.model_name,
+        served.device,
+        served.torch_threads,
+        served.max_batch_size,
+        served.max_wait_ms,
     )
     serve.run(app, route_prefix="/")
     # Blocked only now, so that Ray's processes, all started by here, keep the default.

@@ -28,19 +28,11 @@ async def _serve(settings: Settings, model: ModelSettings) -> None:
 
 
 @peer_model.serve_options
-def main(
-    handler: str,
-    model_name: str | None,
-    port: int,
-    device: str,
-    torch_threads: int,
-    max_batch_size: int,
-    max_wait_ms: float,
-) -> None:
+def main(served: peer_model.Served) -> None:
     """Serve one model with MLServer adaptive batching on 127.0.0.1 until SIGTERM."""
     settings = Settings(
         host="127.0.0.1",
-        http_port=port,
+        http_port=served.port,
         # MLServer always serves gRPC too: on a port of its own, unused.
         grpc_port=processes.free_port(),
         metrics_endpoint=None,
@@ -48,12 +40,16 @@ def main(
         debug=False,
     )
     model = ModelSettings(
-        name=model_name or handler,
+        name=served.model_name,
         implementation="mlserver_app.runtime.CarpoolModel",
-        max_batch_size=max_batch_size,
-        max_batch_time=max_wait_ms / 1000,
+        max_batch_size=served.max_batch_size,
+        max_batch_time=served.max_wait_ms / 1000,
         parameters=ModelParameters(
-            extra={"handler": handler, "device": device, "torch_threads": torch_threads}
+            extra={
+                "handler": served.handler,
+                "device": served.device,
+                "torch_threads": served.torch_threads,
+            }
         ),
     )
     asyncio.run(_serve(settings, model))
