@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 from support.model_server import SUPPORT_DIR
+from support.serve import serving
 from support.sidecar import v2_body
 
 from carpool.processes import free_port
@@ -38,15 +39,9 @@ def test_serve_demo_load_reports_batching() -> None:
 
 def test_serve_stops_both_children_on_sigterm() -> None:
     port = free_port()
-    command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy", "--torch-threads", "1"]
-    command += ["--port", str(port), "--grpc-port", str(free_port()), "--max-batch-size", "4"]
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if "ready at" in line:
-                break
+    args = ["--handler", "toy", "--torch-threads", "1", "--port", str(port)]
+    args += ["--grpc-port", str(free_port()), "--max-batch-size", "4"]
+    with serving(*args, until="ready at") as process:
         url = f"http://127.0.0.1:{port}/v2/models/toy/infer"
         body = orjson.dumps(v2_body([[1, 1, 1, 1]]))
         with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as reply:
@@ -55,37 +50,16 @@ def test_serve_stops_both_children_on_sigterm() -> None:
         assert process.wait(30) == 0
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=2)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_serve_stopped_while_the_model_loads_exits_0() -> None:
     # A SIGTERM that lands before `carpool serve` saw the pair ready (a test or a person
     # quicker than its poll, or a model that takes minutes to load) is still a clean stop.
-    command = [
-        sys.executable,
-        "-m",
-        "carpool",
-        "serve",
-        "--handler",
-        "model_handlers:SlowLoadHandler",
-    ]
-    command += ["--port", str(free_port()), "--grpc-port", str(free_port())]
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(SUPPORT_DIR)}
-    env["CARPOOL_TEST_LOAD_S"] = "120"
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if "carpool.model_server listening on" in line:
-                break
+    args = ["--handler", "model_handlers:SlowLoadHandler"]
+    args += ["--port", str(free_port()), "--grpc-port", str(free_port())]
+    env = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_LOAD_S": "120"}
+    with serving(*args, until="carpool.model_server listening on", env=env) as process:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)
         assert process.returncode == 0, stderr
         assert "stopped before the model was ready" in stderr
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
