@@ -130,13 +130,7 @@ def test_json_patch_test_operation_guards_finalizers(served: ServedKubeApi) -> N
 
 
 def test_owner_references_are_garbage_collected(served: ServedKubeApi) -> None:
-    _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": "owner"}})
-    reference = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "name": "owner",
-        "uid": owner["metadata"]["uid"],
-    }
+    reference = _owner(served, "owner")
     _, child = call(
         served, "POST", CONFIGMAPS, {"metadata": {"name": "child", "ownerReferences": [reference]}}
     )
@@ -156,30 +150,22 @@ def test_owner_references_are_garbage_collected(served: ServedKubeApi) -> None:
 def test_a_child_whose_owner_is_already_gone_is_collected(served: ServedKubeApi) -> None:
     # A controller applying a child just after its owner was deleted: the garbage collector
     # deletes a dependent none of whose owners exist, whenever it was created.
-    _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": "late-owner"}})
-    reference = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "name": "late-owner",
-        "uid": owner["metadata"]["uid"],
-    }
+    reference = _owner(served, "late-owner")
     call(served, "DELETE", f"{CONFIGMAPS}/late-owner")
     body = {"metadata": {"name": "late-child", "ownerReferences": [reference]}}
     assert call(served, "POST", CONFIGMAPS, body)[0] == 201
     assert call(served, "GET", f"{CONFIGMAPS}/late-child")[0] == 404
-    body = {"metadata": {"name": "kept", "ownerReferences": [reference, _live_reference(served)]}}
+    body = {
+        "metadata": {"name": "kept", "ownerReferences": [reference, _owner(served, "live-owner")]}
+    }
     call(served, "POST", CONFIGMAPS, body)
     assert call(served, "GET", f"{CONFIGMAPS}/kept")[0] == 200
 
 
-def _live_reference(served: ServedKubeApi) -> dict[str, str]:
-    _, live = call(served, "POST", CONFIGMAPS, {"metadata": {"name": "live-owner"}})
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "name": "live-owner",
-        "uid": live["metadata"]["uid"],
-    }
+def _owner(served: ServedKubeApi, name: str) -> dict[str, str]:
+    """A new ConfigMap `name`, as the owner reference its dependents would carry."""
+    _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})
+    return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": owner["metadata"]["uid"]}
 
 
 def test_writes_are_counted(served: ServedKubeApi) -> None:
