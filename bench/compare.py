@@ -33,8 +33,8 @@ import summary
 
 from carpool import processes
 from carpool.comma_list import CommaList
+from carpool.engine.settings import BatchingSettings
 from carpool.loadgen import runner, workload
-from carpool.sidecar.config import BatchingSettings
 
 DEFAULTS = BatchingSettings()
 LIMIT_SCRIPT = servers.BENCH_DIR / "limit.py"

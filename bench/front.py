@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import servers
 
 from carpool import processes
+from carpool.engine.settings import BatchingSettings
 from carpool.event_loop import ENV as EVENT_LOOP_ENV
 from carpool.loadgen import runner, workload
-from carpool.sidecar.config import BatchingSettings
 
 DEFAULTS = BatchingSettings()
 PROTOCOLS: tuple[workload.Protocol, ...] = ("oip-binary", "oip-json", "grpc")
@@ -61,7 +61,7 @@ class Target:
 def _variant(name: str, python: str, grpc_port: int, event_loop: str | None) -> servers.Variant:
     env = () if event_loop is None else ("env", f"{EVENT_LOOP_ENV}={event_loop}")
     command = (
-        *env, python, "-P", "-m", "carpool", "serve", "--handler", "toy", "--model-name", "toy",
+        *env, python, "-m", "carpool", "serve", "--handler", "toy", "--model-name", "toy",
         "--device", "cpu", "--torch-threads", "1", "--grpc-port", str(grpc_port),
     )  # fmt: skip
     return servers.Variant(name, command)

@@ -33,7 +33,7 @@ from carpool import processes
 from carpool.contract.wire import Tensor
 from carpool.loadgen import runner, workload
 from carpool.loadgen.report import CellResult
-from carpool.sidecar.client import ModelClient
+from carpool_sidecar.client import ModelClient
 
 PIPELINE_ENV = "CARPOOL_MODEL_PIPELINE"
 

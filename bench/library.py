@@ -26,7 +26,7 @@ import torch
 
 import carpool
 from carpool.loadgen.workload import text_items
-from carpool.offline import BatchInference, Stats
+from carpool_model_server.offline import BatchInference, Stats
 
 TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"
 

@@ -26,9 +26,9 @@ import torch
 
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.loadgen.workload import TextLength, text_items
-from carpool.model_server.config import DTYPES, parse
-from carpool.model_server.device import resolve_device, resolve_dtype
-from carpool.model_server.handler import HandlerSettings, load_handler_class
+from carpool_model_server.config import DTYPES, parse
+from carpool_model_server.device import resolve_device, resolve_dtype
+from carpool_model_server.handler import HandlerSettings, load_handler_class
 
 
 def sample_items(

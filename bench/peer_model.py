@@ -17,9 +17,9 @@ import click
 import torch
 
 from carpool.contract.wire import Item, ItemResult, Tensor
-from carpool.model_server.handler import AnyHandler, HandlerSettings, load_handler_class
-from carpool.sidecar import tensors
-from carpool.sidecar.errors import BadRequest
+from carpool.engine.errors import BadRequest
+from carpool_model_server.handler import AnyHandler, HandlerSettings, load_handler_class
+from carpool_sidecar import tensors
 
 JsonTensor = Mapping[str, Any]
 

@@ -31,6 +31,8 @@ CARPOOL_RUNTIME = (
     "orjson==3.13.0",
     "transformers==5.23.0",
 )
+# The workspace's parts the peer apps import (bench/peer_model.py and the apps).
+PEER_PARTS = ("carpool", "model_server", "sidecar")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +91,14 @@ def python_for(peer: Peer, install: bool) -> Path | None:
 
     `install` builds the venv first when it is missing, half built, or pinned otherwise.
     """
-    pip = [str(peer.python), "-P", "-m", "pip", "install", "-q"]
+    pip = [str(peer.python), "-m", "pip", "install", "-q"]
     # Written last: a build that stopped halfway is not taken for a finished one.
     stamp = peer.venv / "carpool-peer.txt"
     wanted = "\n".join((TORCH_SPEC, *peer.requirements, *CARPOOL_RUNTIME))
     if not stamp.exists() or stamp.read_text() != wanted:
         if not install:
             return None
-        subprocess.run([sys.executable, "-P", "-m", "venv", str(peer.venv)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(peer.venv)], check=True)
         subprocess.run([*pip, TORCH_SPEC], check=True)
         subprocess.run([*pip, *peer.requirements, *CARPOOL_RUNTIME], check=True)
         stamp.write_text(wanted)
@@ -108,8 +110,10 @@ def python_for(peer: Peer, install: bool) -> Path | None:
 
 def _install_carpool(pip: list[str]) -> None:
     # Built from a copy, so the build leaves no build/ or egg-info behind in the working tree.
+    # The peer apps run carpool's core, its model server's handlers and its sidecar's codecs.
     with tempfile.TemporaryDirectory(prefix="carpool-src-") as folder:
         source = Path(folder) / "carpool"
         skip = shutil.ignore_patterns(".venv", ".cache", ".git", "build", "*.egg-info")
         shutil.copytree(REPO_DIR, source, ignore=skip)
-        subprocess.run([*pip, str(source)], check=True)
+        parts = [str(source / part) for part in PEER_PARTS]
+        subprocess.run([*pip, *parts], check=True)

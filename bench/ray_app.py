@@ -26,9 +26,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from carpool.contract.wire import Item, ItemResult, Tensor
-from carpool.sidecar import oip, tensors
-from carpool.sidecar.errors import SidecarError
-from carpool.sidecar.inference import InferResponse
+from carpool.engine.errors import SidecarError
+from carpool_sidecar import oip, tensors
+from carpool_sidecar.inference import InferResponse
 
 # Requests a replica accepts at once: far above the benchmark's concurrency, so that Ray's
 # own admission limit (5 by default) does not cap the batches.

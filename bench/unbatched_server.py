@@ -20,12 +20,12 @@ import torch
 from aiohttp import web
 
 from carpool.contract.wire import Item, Tensor
-from carpool.model_server.handler import HandlerSettings, load_handler_class
-from carpool.model_server.metrics import ModelMetrics
-from carpool.model_server.runner import Runner
-from carpool.sidecar import oip, tensors
-from carpool.sidecar.errors import BadRequest, ModelError, SidecarError
-from carpool.sidecar.inference import InferResponse
+from carpool.engine.errors import BadRequest, ModelError, SidecarError
+from carpool_model_server.handler import HandlerSettings, load_handler_class
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
+from carpool_sidecar import oip, tensors
+from carpool_sidecar.inference import InferResponse
 
 RUNNER = web.AppKey("runner", Runner)
 MODEL_NAME = web.AppKey("model_name", str)

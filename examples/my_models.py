@@ -7,7 +7,7 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
-from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
+from carpool_model_server.handler import Handler, Prepared, require_input, split_valid
 
 FEATURES = TensorSpec("features", "FP32", (4,))  # each item: four floats
 SCORE = TensorSpec("score", "FP32", (1,))

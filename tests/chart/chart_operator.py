@@ -49,7 +49,7 @@ def command_and_env(
     assert container["command"] == ["carpool", "operator"]
     args = [_local(arg, liveness_port, metrics_port) for arg in container["args"]]
     env = {item["name"]: item["value"] for item in container["env"]}
-    env.update(CARPOOL_RESYNC_SECONDS="1", KUBECONFIG=str(kubeconfig), PYTHONSAFEPATH="1")
+    env.update(CARPOOL_RESYNC_SECONDS="1", KUBECONFIG=str(kubeconfig))
     return [sys.executable, "-m", "carpool", "operator", *args], {**os.environ, **env}
 
 

@@ -12,7 +12,7 @@ from chart.rendering import by_kind, render
 from prometheus_client import CollectorRegistry, generate_latest
 from support.prometheus import run_prometheus, static_exporter
 
-from carpool.sidecar.metrics import SidecarMetrics
+from carpool.engine.metrics import SidecarMetrics
 
 # (namespace, pod) -> items queued in that pod's sidecar
 QUEUES = {("ml", "m-7d9f-a"): 6, ("ml", "m-7d9f-b"): 2, ("other", "m-5c2e-a"): 50}

@@ -82,6 +82,6 @@ def test_chart_defaults_reach_the_config_map_and_a_spec_overrides_them(
         pod = deployment["spec"]["template"]["spec"]
         images = {container["name"]: container["image"] for container in pod["containers"]}
         assert images == {
-            "model-server": "ghcr.io/carpool-dev/carpool:0.1.0",
+            "model-server": "ghcr.io/carpool-dev/carpool-model-server:0.1.0",
             "sidecar": "registry.example.com/carpool-sidecar:0.1.0",
         }

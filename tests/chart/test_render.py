@@ -13,7 +13,7 @@ import yaml
 from chart.rendering import CHART, NAMESPACE, REPO, VARIANTS, Manifest, by_kind, helm, one, render
 
 from carpool.contract.batching import Batching
-from carpool.operator.defaults import Defaults
+from carpool_operator.defaults import Defaults
 
 KUBERNETES_VERSION = "1.35"
 # Kinds outside core Kubernetes: no schema in kubernetes-validate. Checked by hand below.
@@ -121,7 +121,7 @@ def test_operator_runs_one_replica_with_liveness_probe() -> None:
     deployment = one(render(), "Deployment")
     assert deployment["spec"]["replicas"] == 1
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "ghcr.io/carpool-dev/carpool:0.1.0"
+    assert container["image"] == "ghcr.io/carpool-dev/carpool-operator:0.1.0"
     assert container["command"][:2] == ["carpool", "operator"]
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
@@ -143,8 +143,8 @@ def _env(manifests: list[Manifest]) -> dict[str, str]:
 
 def test_batching_defaults_and_images_reach_the_operator_as_env() -> None:
     env = _env(render())
-    assert env["CARPOOL_DEFAULT_SIDECAR_IMAGE"] == "ghcr.io/carpool-dev/carpool:0.1.0"
-    assert env["CARPOOL_DEFAULT_IMAGE"] == "ghcr.io/carpool-dev/carpool:0.1.0"
+    assert env["CARPOOL_DEFAULT_SIDECAR_IMAGE"] == "ghcr.io/carpool-dev/carpool-sidecar:0.1.0"
+    assert env["CARPOOL_DEFAULT_IMAGE"] == "ghcr.io/carpool-dev/carpool-model-server:0.1.0"
     assert env["CARPOOL_DEFAULT_MAX_BATCH_SIZE"] == "32"
     assert env["CARPOOL_DEFAULT_MAX_WAIT_MS"] == "5"
     assert env["CARPOOL_DEFAULT_MAX_INFLIGHT_BATCHES"] == "2"
@@ -181,8 +181,10 @@ def test_image_tags_follow_the_app_version(tmp_path: Path) -> None:
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     repository = "ghcr.io/carpool-dev/carpool"
     assert set(_images(render()).values()) == {
-        f"{repository}:{app_version}",
-        f"{repository}:{app_version}-cu128",  # the CUDA build, `make image-cuda`
+        f"{repository}-operator:{app_version}",
+        f"{repository}-sidecar:{app_version}",
+        f"{repository}-model-server:{app_version}",
+        f"{repository}-model-server:{app_version}-cu128",  # the CUDA build, `make image-cuda`
     }
 
     helm("package", str(CHART), "--app-version", "9.8.7", "--destination", str(tmp_path))
@@ -195,10 +197,10 @@ def test_image_tags_follow_the_app_version(tmp_path: Path) -> None:
         if doc
     ]
     assert _images(released) == {
-        "operator": f"{repository}:9.8.7",
-        "sidecar": f"{repository}:1.2.3",  # a tag, when given, wins
-        "modelServer": f"{repository}:9.8.7",
-        "modelServerCuda": f"{repository}:9.8.7-cu128",
+        "operator": f"{repository}-operator:9.8.7",
+        "sidecar": f"{repository}-sidecar:1.2.3",  # a tag, when given, wins
+        "modelServer": f"{repository}-model-server:9.8.7",
+        "modelServerCuda": f"{repository}-model-server:9.8.7-cu128",
     }
 
 
@@ -340,8 +342,8 @@ def _operator_context(
     manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[click.Context, Defaults]:
     """Parse the chart's args and env as `carpool operator` does; its defaults, checked."""
-    from carpool.operator.main import command
-    from carpool.operator.options import defaults_from
+    from carpool_operator.main import command
+    from carpool_operator.options import defaults_from
 
     (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["carpool", "operator"]
@@ -363,8 +365,8 @@ def test_operator_command_accepts_the_chart_arguments(monkeypatch: pytest.Monkey
     assert context.params["resync_seconds"] == 60.0
     assert context.params["namespaces"] == ()  # every namespace
     assert defaults == Defaults(
-        image="ghcr.io/carpool-dev/carpool:0.1.0",
-        sidecar_image="ghcr.io/carpool-dev/carpool:0.1.0",
+        image="ghcr.io/carpool-dev/carpool-model-server:0.1.0",
+        sidecar_image="ghcr.io/carpool-dev/carpool-sidecar:0.1.0",
         batching=Batching(),  # the chart's defaults are the operator's built-in ones
     )
 
@@ -427,19 +429,19 @@ def test_packaged_chart_carries_the_crd_and_dashboard(tmp_path: Path) -> None:
 def test_gpu_defaults_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     _, defaults = _operator_context(render(), monkeypatch)
-    assert defaults.cuda_image == f"ghcr.io/carpool-dev/carpool:{app_version}-cu128"
+    assert defaults.cuda_image == f"ghcr.io/carpool-dev/carpool-model-server:{app_version}-cu128"
     assert defaults.runtime_class_name == ""
 
     gpu = render(sets=("gpu.runtimeClassName=nvidia", "images.modelServerCuda.tag=2.0-cu130"))
     _, defaults = _operator_context(gpu, monkeypatch)
     assert defaults.runtime_class_name == "nvidia"
-    assert defaults.cuda_image == "ghcr.io/carpool-dev/carpool:2.0-cu130"
-    assert defaults.image == f"ghcr.io/carpool-dev/carpool:{app_version}"
+    assert defaults.cuda_image == "ghcr.io/carpool-dev/carpool-model-server:2.0-cu130"
+    assert defaults.image == f"ghcr.io/carpool-dev/carpool-model-server:{app_version}"
 
 
 def test_adapter_rules_serve_the_metric_the_hpas_read() -> None:
-    from carpool.operator.render import horizontal_pod_autoscaler
-    from carpool.operator.spec import ModelSpec
+    from carpool_operator.render import horizontal_pod_autoscaler
+    from carpool_operator.spec import ModelSpec
 
     def adapter_rules(manifests: list[Manifest]) -> list[Manifest]:
         return [m for m in by_kind(manifests, "ConfigMap") if "config.yaml" in m["data"]]
@@ -475,7 +477,7 @@ def test_adapter_rules_serve_the_metric_the_hpas_read() -> None:
 
 def test_the_cuda_build_is_named_alike_everywhere() -> None:
     """`make image-cuda`'s tag is what the chart and the operator run for GPU models."""
-    from carpool.operator.defaults import DEFAULT_CUDA_IMAGE, DEFAULT_IMAGE
+    from carpool_operator.defaults import DEFAULT_CUDA_IMAGE, DEFAULT_IMAGE
 
     (cuda,) = re.findall(r"^CUDA \?= (cu\d+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
     values = yaml.safe_load((CHART / "values.yaml").read_text())

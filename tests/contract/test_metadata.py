@@ -9,7 +9,7 @@ import pytest
 
 from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.metadata import Metadata, MetadataError, ModelMetadata, TensorSpec
-from carpool.model_server.handler import Handler, load_handler_class
+from carpool_model_server.handler import Handler, load_handler_class
 
 DECLARED = Metadata(
     platform="test",

@@ -23,10 +23,10 @@ from carpool.contract.pod import (
     SOCKET_DIR,
     SOCKET_PATH,
 )
-from carpool.model_server import config as model_server_config
-from carpool.model_server.main import command as model_server_command
-from carpool.operator.render import render
-from carpool.sidecar.main import command as sidecar_command
+from carpool_model_server import config as model_server_config
+from carpool_model_server.main import command as model_server_command
+from carpool_operator.render import render
+from carpool_sidecar.main import command as sidecar_command
 
 BODY = {
     "metadata": {"name": "m", "namespace": "ml"},

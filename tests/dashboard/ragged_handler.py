@@ -12,7 +12,7 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
-from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
+from carpool_model_server.handler import Handler, Prepared, require_input, split_valid
 
 INPUT = TensorSpec("input", "FP32", (-1,))
 OUTPUT = TensorSpec("output", "FP32", (-1,))

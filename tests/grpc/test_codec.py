@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from carpool.sidecar.errors import BadRequest
-from carpool.sidecar.grpc.codec import encode_response, parse_request
-from carpool.sidecar.grpc.inference_pb2 import ModelInferRequest
-from carpool.sidecar.inference import InferResponse
-from carpool.sidecar.tensors import RequestTensor
+from carpool.contract.oip_grpc.inference_pb2 import ModelInferRequest
+from carpool.engine.errors import BadRequest
+from carpool_sidecar.grpc.codec import encode_response, parse_request
+from carpool_sidecar.inference import InferResponse
+from carpool_sidecar.tensors import RequestTensor
 
 
 def request_with(datatype: str = "FP32", shape: tuple[int, ...] = (1, 2)) -> ModelInferRequest:

@@ -15,7 +15,7 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
-from carpool.model_server.handler import Handler, Prepared, require_input, split_valid
+from carpool_model_server.handler import Handler, Prepared, require_input, split_valid
 
 TEXT = TensorSpec("text", BYTES, (1,))
 LENGTH = TensorSpec("length", "INT64", (1,))

@@ -12,9 +12,9 @@ from library.tiny_lm import WORDS
 from support.model_server import ModelServer, post_batch, run_model_server
 
 from carpool.contract.wire import BYTES, ItemResult, Tensor
-from carpool.model_server.handler import HandlerSettings
-from carpool.model_server.handler_text_generation import TextGenerationHandler
-from carpool.offline import BatchInference
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_text_generation import TextGenerationHandler
+from carpool_model_server.offline import BatchInference
 
 Item = dict[str, Tensor]
 

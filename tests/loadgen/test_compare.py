@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +16,6 @@ from carpool.loadgen.report import CellResult
 from carpool.loadgen.stats import LatencySummary
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-# As docs/benchmarks.md runs it: a script's own folder (bench/) is first on sys.path only
-# without PYTHONSAFEPATH, which the Makefile sets for everything else.
-SCRIPT_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
 
 
 def _load(name: str) -> ModuleType:
@@ -41,7 +37,6 @@ def test_compare_help_runs() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=SCRIPT_ENV,
     )
     assert done.returncode == 0, done.stderr
     for option in ("--model", "--concurrency", "--rounds", "--torch-threads", "--peers"):
@@ -154,7 +149,7 @@ def test_trivial_comparison_runs_both_servers_and_meters_the_front(tmp_path: Pat
     command = [sys.executable, str(BENCH_DIR / "compare.py"), "--model", "trivial"]
     command += ["--rounds", "1", "--duration", "1", "--warmup", "0.3", "--concurrency", "4"]
     command += ["--results", str(tmp_path), "--quiet"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=SCRIPT_ENV)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     document = orjson.loads((tmp_path / "results.json").read_bytes())
     assert document["settings"]["torch_threads"] == 1

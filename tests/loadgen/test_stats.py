@@ -7,6 +7,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from carpool.engine.metrics import SidecarMetrics
 from carpool.loadgen.stats import (
     BatchStats,
     LatencySummary,
@@ -15,7 +16,6 @@ from carpool.loadgen.stats import (
     parse_metrics,
     percentile,
 )
-from carpool.sidecar.metrics import SidecarMetrics
 
 
 def test_percentile_interpolates_between_ranks() -> None:

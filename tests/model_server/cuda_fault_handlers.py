@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from carpool.model_server.handler_toy import ToyHandler
+from carpool_model_server.handler_toy import ToyHandler
 
 
 class PoisonedContextHandler(ToyHandler):

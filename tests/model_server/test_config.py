@@ -9,11 +9,11 @@ import click
 import pytest
 import torch
 
-from carpool.model_server import config
-from carpool.model_server.build import build_service
-from carpool.model_server.config import Config
-from carpool.model_server.errors import ConfigError
-from carpool.model_server.main import command
+from carpool_model_server import config
+from carpool_model_server.build import build_service
+from carpool_model_server.config import Config
+from carpool_model_server.errors import ConfigError
+from carpool_model_server.main import command
 
 BASE = ("--handler", "toy", "--socket", "/tmp/carpool-test.sock")
 
@@ -103,7 +103,7 @@ def test_inconsistent_settings_name_key_and_value(
         (("--dtype", "fp16", "--device", "cpu"), "fp16 needs a CUDA device"),
         (("--handler", "no_such_module:Handler"), "no_such_module"),
         (("--handler", "resnet"), "unknown handler 'resnet'"),
-        (("--handler", "carpool.model_server.config:Config"), "not a carpool Handler"),
+        (("--handler", "carpool_model_server.config:Config"), "not a carpool Handler"),
         (("--handler", "text-embedding", "--example-shape", "8"), "example-shape.*BYTES"),
     ],
 )

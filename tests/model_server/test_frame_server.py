@@ -15,14 +15,14 @@ import torch
 
 from carpool.contract import frames, wire
 from carpool.contract.wire import Tensor
-from carpool.model_server.frame_server import FrameServer
-from carpool.model_server.handler import HandlerSettings
-from carpool.model_server.handler_toy import ToyHandler
-from carpool.model_server.metrics import ModelMetrics
-from carpool.model_server.runner import Runner
-from carpool.model_server.service import ModelService
-from carpool.sidecar.client import ModelClient
-from carpool.sidecar.errors import Unavailable
+from carpool.engine.errors import Unavailable
+from carpool_model_server.frame_server import FrameServer
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_toy import ToyHandler
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
+from carpool_model_server.service import ModelService
+from carpool_sidecar.client import ModelClient
 
 FORWARD_S = 0.2
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from carpool.contract.wire import Item, Tensor
-from carpool.model_server.errors import DeviceFailed
-from carpool.model_server.handler import HandlerSettings, Prepared
-from carpool.model_server.handler_toy import ToyHandler
-from carpool.model_server.metrics import ModelMetrics
-from carpool.model_server.runner import Runner
+from carpool_model_server.errors import DeviceFailed
+from carpool_model_server.handler import HandlerSettings, Prepared
+from carpool_model_server.handler_toy import ToyHandler
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
 
 FORWARD_S = 0.05
 

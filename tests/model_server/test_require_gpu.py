@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from carpool.model_server.device import GpuMissing, require_cuda
-from carpool.model_server.termination import write_termination_message
+from carpool_model_server.device import GpuMissing, require_cuda
+from carpool_model_server.termination import write_termination_message
 
 
 def test_auto_with_a_required_gpu_and_no_cuda_exits_at_once(tmp_path: Path) -> None:

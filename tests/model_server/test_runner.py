@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from carpool.contract.wire import Tensor
-from carpool.model_server.errors import DeviceFailed
-from carpool.model_server.handler import HandlerSettings
-from carpool.model_server.handler_toy import ToyHandler
-from carpool.model_server.metrics import ModelMetrics
-from carpool.model_server.runner import Runner
+from carpool_model_server.errors import DeviceFailed
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_toy import ToyHandler
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
 
 
 class CountingToy(ToyHandler):

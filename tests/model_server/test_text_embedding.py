@@ -16,8 +16,8 @@ from sentence_transformers import SentenceTransformer
 from support.model_server import ModelServer, http_get, post_batch, run_model_server
 
 from carpool.contract.wire import BYTES, ItemResult, Tensor
-from carpool.model_server.handler import HandlerSettings
-from carpool.model_server.handler_text_embedding import (
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_text_embedding import (
     MAX_CHARS,
     MAX_TEXT_BYTES,
     MAX_TOKENS,

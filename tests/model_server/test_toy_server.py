@@ -25,7 +25,7 @@ from support.model_server import (
 
 from carpool.contract import wire
 from carpool.contract.wire import ItemResult, Tensor
-from carpool.sidecar.client import ModelClient
+from carpool_sidecar.client import ModelClient
 
 HERE = Path(__file__).resolve().parent
 

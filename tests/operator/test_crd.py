@@ -13,7 +13,7 @@ import yaml
 
 from carpool.contract.batching import Batching
 from carpool.contract.crd import with_batching
-from carpool.operator.schema import apply_defaults, validate
+from carpool_operator.schema import apply_defaults, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "batchedmodels.carpool.dev.yaml"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from carpool.operator.schema import apply_defaults, validate
+from carpool_operator.schema import apply_defaults, validate
 
 CRD = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "crds" / "batchedmodels.carpool.dev.yaml").read_text()

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from carpool.contract.batching import Batching
-from carpool.operator.defaults import (
+from carpool_operator.defaults import (
     DEFAULT_IMAGE,
     NAMES,
     Defaults,
@@ -36,7 +36,7 @@ def carpool(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CARPOOL_DEFAULT_")}
     return subprocess.run(
         [sys.executable, "-m", "carpool", *args],
-        env={**clean, "PYTHONSAFEPATH": "1", **(env or {})},
+        env={**clean, **(env or {})},
         input=yaml.safe_dump(MODEL),
         capture_output=True,
         text=True,

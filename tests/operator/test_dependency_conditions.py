@@ -10,7 +10,7 @@ from support.kube_api import Kind
 from support.kube_cluster import Cluster
 from support.kube_models import condition, model
 
-from carpool.operator.autoscaling_status import autoscaling_condition
+from carpool_operator.autoscaling_status import autoscaling_condition
 
 
 def waits_for(cluster: Cluster, name: str, kind: str, status: str, reason: str) -> dict[str, Any]:

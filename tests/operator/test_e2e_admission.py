@@ -15,7 +15,7 @@ import pytest
 from support.kube_cluster import Cluster
 from support.kube_models import applied, condition, degraded, model, wait_resyncs
 
-from carpool.model_server.main import LOAD_FAILED
+from carpool.contract.pod import LOAD_FAILED
 
 
 def gpu_model(name: str, device: str, gpu: int, **model_fields: Any) -> dict[str, Any]:

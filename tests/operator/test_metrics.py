@@ -13,7 +13,7 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from carpool.operator.metrics import OperatorMetrics
+from carpool_operator.metrics import OperatorMetrics
 
 
 def test_every_series_is_there_from_the_start() -> None:
@@ -71,7 +71,7 @@ def test_a_taken_metrics_port_stops_the_operator_with_a_clear_message() -> None:
         command += ["--metrics-host", "127.0.0.1", "--metrics-port", str(port)]
         result = subprocess.run(
             command,
-            env={**os.environ, "PYTHONSAFEPATH": "1", "KUBECONFIG": os.devnull},
+            env={**os.environ, "KUBECONFIG": os.devnull},
             capture_output=True,
             text=True,
             timeout=60,

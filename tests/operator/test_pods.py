@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from carpool.model_server import main as model_server
-from carpool.operator.pods import pod_problem
+from carpool.contract.pod import LOAD_FAILED
+from carpool_model_server import main as model_server
+from carpool_operator.pods import pod_problem
 
 
 def test_a_failed_load_leaves_a_termination_message(
@@ -21,7 +22,7 @@ def test_a_failed_load_leaves_a_termination_message(
     args = ["--handler", "nosuch.module:Model", "--port", "0", "--device", "cpu"]
     result = CliRunner().invoke(model_server.command, args)
     assert result.exit_code != 0
-    assert log.read_text().startswith(model_server.LOAD_FAILED)
+    assert log.read_text().startswith(LOAD_FAILED)
     assert "nosuch" in log.read_text()
     reported = pod_problem([pod(container(terminated={"exitCode": 1, "message": log.read_text()}))])
     assert reported is not None and reported[0] == "ModelLoadFailed"

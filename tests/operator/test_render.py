@@ -13,11 +13,11 @@ import yaml
 
 from carpool.contract.batching import DISPATCH_MODES, KNOBS, Batching
 from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
-from carpool.operator.defaults import Defaults
-from carpool.operator.render import DEFAULT_IMAGE, render
-from carpool.operator.schema import apply_defaults, validate
-from carpool.operator.spec import SpecError
-from carpool.sidecar.config import BatchingSettings, apply_file
+from carpool.engine.settings import BatchingSettings, apply_file
+from carpool_operator.defaults import Defaults
+from carpool_operator.render import DEFAULT_IMAGE, render
+from carpool_operator.schema import apply_defaults, validate
+from carpool_operator.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

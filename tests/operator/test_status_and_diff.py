@@ -8,10 +8,10 @@ from typing import Any
 
 from support.kube_defaults import apply_builtin_defaults
 
-from carpool.operator.diff import contains
-from carpool.operator.render import render
-from carpool.operator.spec import SpecError
-from carpool.operator.status import merge_conditions, observe
+from carpool_operator.diff import contains
+from carpool_operator.render import render
+from carpool_operator.spec import SpecError
+from carpool_operator.status import merge_conditions, observe
 
 EARLY = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 LATER = EARLY + datetime.timedelta(minutes=5)

@@ -20,7 +20,7 @@ from reliability.traffic import Outcome as Answer
 from reliability.traffic import latency_summary, percentile, rss_bytes, statuses
 from support.sidecar import run_pair
 
-from carpool.model_server.handler_text_embedding import MAX_TEXT_BYTES
+from carpool_model_server.handler_text_embedding import MAX_TEXT_BYTES
 
 MODEL = "text-embedding"
 SENTENCE = "A cat sits on the mat while the kettle boils."

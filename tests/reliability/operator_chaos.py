@@ -22,8 +22,8 @@ from support.fault_api import Chaos, FaultyServedKubeApi
 from support.kube_api import WRITE_METHODS
 from support.kube_cluster import CRD, OPERATOR_AGENT, Cluster, run_operator
 
-from carpool.operator.diff import contains
-from carpool.operator.render import render
+from carpool_operator.diff import contains
+from carpool_operator.render import render
 
 CHILD_KINDS = "deployments,services,configmaps,poddisruptionbudgets"
 OPERATOR_AGENTS = (OPERATOR_AGENT, "kopf")  # the operator's child client and kopf itself

@@ -2,8 +2,7 @@
 
 One implementation for the quick tests (`test_serving.py`) and the soaks (`bench/soak.py
 serve_restart`, `bench/soak.py serve_killed`). `carpool serve --handler toy` runs as a user
-runs it: the console script, from a folder that is not the repository, without
-PYTHONSAFEPATH.
+runs it: the console script, from a folder that is not the repository.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ def run_serve(folder: Path) -> Iterator[Serve]:
     script = Path(sys.executable).parent / "carpool"
     command = [str(script), "serve", "--handler", "toy", "--torch-threads", "1"]
     command += ["--port", str(port), "--grpc-port", str(free_port())]
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    env = dict(os.environ)
     log = folder / "serve.log"
     with log.open("w") as out:
         process = subprocess.Popen(

@@ -4,7 +4,7 @@ What is promised (`serving.*_broken_promises`): after a SIGKILL of the model ser
 sidecar, `carpool serve` restarts it, logs the restart and is ready again within 5 s, while
 the sidecar answers 503 at once; after a SIGKILL of `carpool serve` itself no child process
 and no socket folder remain (within 2 s). `carpool serve` runs from a folder outside the
-repository, as the console script, without PYTHONSAFEPATH.
+repository, as the console script.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
-from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import Handler, Prepared, split_valid
+from carpool_model_server.errors import InvalidItem
+from carpool_model_server.handler import Handler, Prepared, split_valid
 
 TEXT = TensorSpec("text", BYTES, (1,))
 SHOUT = TensorSpec("shout", BYTES, (1,))

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
-from carpool.sidecar import kserve_v1
-from carpool.sidecar.bounds import UNBOUNDED, RequestBounds
-from carpool.sidecar.config import BatchingSettings, ConfigError, apply_file
-from carpool.sidecar.errors import BadRequest, PayloadTooLarge
-from carpool.sidecar.inference import InferResponse
-from carpool.sidecar.oip import HEADER_LENGTH, encode_response, parse_request
-from carpool.sidecar.tensors import (
+from carpool.engine.bounds import UNBOUNDED, RequestBounds
+from carpool.engine.errors import BadRequest, PayloadTooLarge
+from carpool.engine.settings import BatchingSettings, ConfigError, apply_file
+from carpool_sidecar import kserve_v1
+from carpool_sidecar.inference import InferResponse
+from carpool_sidecar.oip import HEADER_LENGTH, encode_response, parse_request
+from carpool_sidecar.tensors import (
     RequestTensor,
     bf16_to_float32,
     float32_to_bf16,

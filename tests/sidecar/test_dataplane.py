@@ -12,14 +12,14 @@ from prometheus_client import CollectorRegistry
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import Item, ItemResult, Tensor
-from carpool.sidecar.config import BatchingSettings
-from carpool.sidecar.dataplane import DataPlane
-from carpool.sidecar.engine import Batcher
-from carpool.sidecar.errors import BadModelResponse, ModelError
-from carpool.sidecar.health import ModelState
-from carpool.sidecar.inference import InferRequest
-from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.tensors import RequestTensor
+from carpool.engine.batcher import Batcher
+from carpool.engine.errors import BadModelResponse, ModelError
+from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.settings import BatchingSettings
+from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.health import ModelState
+from carpool_sidecar.inference import InferRequest
+from carpool_sidecar.tensors import RequestTensor
 
 Answer = Callable[[Sequence[Item]], list[ItemResult]]
 

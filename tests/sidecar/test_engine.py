@@ -13,9 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from carpool.contract.wire import Item, ItemResult, Tensor
-from carpool.sidecar.config import BatchingSettings
-from carpool.sidecar.engine import Batcher
-from carpool.sidecar.errors import (
+from carpool.engine.batcher import Batcher
+from carpool.engine.errors import (
     BadModelResponse,
     DeadlineExceeded,
     PayloadTooLarge,
@@ -23,8 +22,9 @@ from carpool.sidecar.errors import (
     SidecarError,
     Unavailable,
 )
-from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.pending import BatchKey
+from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.pending import BatchKey
+from carpool.engine.settings import BatchingSettings
 
 KEY = BatchKey(("x",))
 

@@ -17,13 +17,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor
-from carpool.sidecar.batch_queue import Group
-from carpool.sidecar.config import BatchingSettings
-from carpool.sidecar.durations import DurationFit
-from carpool.sidecar.engine import Batcher
-from carpool.sidecar.metrics import SidecarMetrics
-from carpool.sidecar.pending import BatchKey, PendingRequest
-from carpool.sidecar.scheduling import Limits, Outlook, decide
+from carpool.engine.batch_queue import Group
+from carpool.engine.batcher import Batcher
+from carpool.engine.durations import DurationFit
+from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.pending import BatchKey, PendingRequest
+from carpool.engine.scheduling import Limits, Outlook, decide
+from carpool.engine.settings import BatchingSettings
 
 KEY = BatchKey(("x",))
 FIXED_S = 0.020

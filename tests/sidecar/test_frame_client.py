@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from carpool.contract import frames, wire
-from carpool.sidecar.errors import BadModelResponse, ModelUnreachable, Unavailable
-from carpool.sidecar.frame_client import FramedBatches
+from carpool.engine.errors import BadModelResponse, ModelUnreachable, Unavailable
+from carpool_sidecar.frame_client import FramedBatches
 
 Frame = tuple[int, int, bytes]  # request id, code, payload
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from carpool.sidecar.metrics import SidecarMetrics
+from carpool.engine.metrics import SidecarMetrics
 
 
 def answers(registry: CollectorRegistry, model: str, protocol: str, code: str) -> float | None:

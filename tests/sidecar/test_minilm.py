@@ -11,7 +11,7 @@ import orjson
 from support.model_server import http_get
 from support.sidecar import metric, run_pair
 
-from carpool.sidecar.tensors import length_prefixed
+from carpool_sidecar.tensors import length_prefixed
 
 SENTENCES = [
     "A cat sits on the mat.",

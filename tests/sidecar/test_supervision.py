@@ -9,9 +9,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from carpool.sidecar.app import create_app
-from carpool.sidecar.config import SidecarConfig
-from carpool.sidecar.engine import Batcher
+from carpool.engine.batcher import Batcher
+from carpool_sidecar.app import create_app
+from carpool_sidecar.config import SidecarConfig
 
 
 async def test_dead_dispatcher_makes_the_sidecar_not_live(

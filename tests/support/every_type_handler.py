@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from carpool.contract.wire import BYTES, DATATYPES, NUMPY_DTYPES, Item, Tensor
-from carpool.model_server.errors import InvalidItem
-from carpool.model_server.handler import (
+from carpool_model_server.errors import InvalidItem
+from carpool_model_server.handler import (
     Handler,
     HandlerSettings,
     Metadata,

@@ -29,7 +29,7 @@ import kmock
 import yaml
 from aiohttp import web
 
-from carpool.operator.schema import Cause, apply_defaults, prune, validate
+from carpool_operator.schema import Cause, apply_defaults, prune, validate
 from support import kube_apply
 from support import kube_protobuf as protobuf
 from support.kube_defaults import apply_builtin_defaults
@@ -283,7 +283,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
     discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
-    schema including its CEL rules (see carpool.operator.schema); a few API-server defaults of
+    schema including its CEL rules (see carpool_operator.schema); a few API-server defaults of
     Deployments and Services (see kube_defaults), so that clients can prove they compare only
     their own fields; server-side Tables for `kubectl get`, with a CRD's printer columns;
     `dryRun`; and a log of requests (`records`, `write_count`); injected errors (`fail`);

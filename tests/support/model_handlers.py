@@ -12,7 +12,7 @@ import time
 import torch
 
 from carpool.contract.wire import Item, Tensor
-from carpool.model_server.handler_toy import ToyHandler
+from carpool_model_server.handler_toy import ToyHandler
 
 
 class SlowLoadHandler(ToyHandler):

@@ -3,8 +3,7 @@
     with serving("--handler", "toy", "--port", str(port), until="ready at") as process:
         ...                                   # process.stderr: the rest of its log
 
-The process runs with PYTHONSAFEPATH (tests start from the repository root) and the given
-extra environment; whatever the test leaves running is killed on the way out.
+The process runs from the repository root with the given extra environment; whatever the test leaves running is killed on the way out.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ def serving(
     *args: str, until: str, env: Mapping[str, str] | None = None
 ) -> Iterator[subprocess.Popen[str]]:
     command = [sys.executable, "-m", "carpool", "serve", *args]
-    environment = {**os.environ, "PYTHONSAFEPATH": "1", **(env or {})}
+    environment = {**os.environ, **(env or {})}
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=environment)
     try:
         assert process.stderr is not None

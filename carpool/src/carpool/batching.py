@@ -1,0 +1,278 @@
+"""`carpool.batch`: the sidecar's batching engine around a function, in process.
+
+    @carpool.batch(max_batch_size=32, max_wait_ms=5)
+    async def embed(texts: list[str]) -> list[list[float]]: ...
+
+    vector = await embed("one text")          # from async code
+    vector = embed.blocking("one text")       # from any plain thread
+
+Each call submits one item to `carpool.engine.batcher.Batcher`, the engine the sidecar runs,
+with its adaptive dispatch, priorities, deadlines, queue bound and metrics; the function is
+its `send`. A sync function runs on a worker thread. When the function raises, the batch is
+split in halves and retried, so only the items that fail alone get the exception (the
+function must tolerate seeing the other items again). An item can also fail alone by having
+its slot in the returned list hold an Exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
+
+from prometheus_client import CollectorRegistry
+
+from carpool.contract.batching import Dispatch
+from carpool.contract.wire import Item, ItemResult
+from carpool.engine.batcher import Batcher
+from carpool.engine.errors import (
+    CLIENT_GONE,
+    BadModelResponse,
+    DeadlineExceeded,
+    QueueFull,
+    SidecarError,
+    Unavailable,
+)
+from carpool.engine.execution import Answer
+from carpool.engine.metrics import IN_PROCESS, SidecarMetrics
+from carpool.engine.pending import BatchKey
+from carpool.engine.settings import BatchingSettings
+from carpool.loop_thread import LoopThread
+
+__all__ = ["Batched", "DeadlineExceeded", "QueueFull", "SidecarError", "Unavailable", "batch"]
+
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
+BatchFunction = Callable[[list[ItemT]], Awaitable[Sequence[Any]] | Sequence[Any]]
+# Seconds a closing batcher waits for queued calls to be answered.
+CLOSE_GRACE_S = 30.0
+_OK = 200
+_FAILED = 500
+
+
+@dataclass(frozen=True, slots=True)
+class _Sender:
+    """The engine's BatchSender: the wrapped function instead of the model server."""
+
+    answer: Callable[[Sequence[Item], float], Awaitable[list[ItemResult]]]
+
+    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
+        # No hop and no queue of its own: the round trip is the function's time.
+        return await self.answer(items, timeout_s), None
+
+
+@dataclass(slots=True, eq=False)
+class _Call(Generic[ItemT, ResultT]):
+    """One item on its way through the engine, and where its answer lands."""
+
+    item: ItemT
+    result: ResultT | None = None
+    error: BaseException | None = None
+
+
+class Batched(Generic[ItemT, ResultT]):
+    """A batch function wrapped for single-item calls; see the module doc."""
+
+    def __init__(
+        self,
+        function: Callable[[list[ItemT]], Any],
+        settings: BatchingSettings,
+        registry: CollectorRegistry,
+        name: str,
+        group_by: Callable[[ItemT], Hashable] | None,
+    ) -> None:
+        functools.update_wrapper(self, function)
+        self._function = function
+        self.name = name
+        self._is_async = inspect.iscoroutinefunction(function)
+        self._settings = settings
+        self.metrics = SidecarMetrics(registry, name)
+        self._group_by = group_by
+        self._batcher: Batcher | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the engine runs on
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._own_loop: LoopThread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    async def __call__(
+        self, item: ItemT, *, priority: int = 0, timeout_ms: float | None = None
+    ) -> ResultT:
+        """The function's result for `item`, computed in a batch with other callers' items.
+
+        Raises what the function raised for this item, QueueFull when the queue is at its
+        bound, DeadlineExceeded after `timeout_ms` (default: the decorator's), Unavailable
+        once closed. Cancelling the caller drops the item if its batch has not started.
+        """
+        batcher = self._engine()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        timeout_s = (self._settings.timeout_ms if timeout_ms is None else timeout_ms) / 1000
+        call: _Call[ItemT, ResultT] = _Call(item)
+        key = BatchKey(None if self._group_by is None else self._group_by(item))
+        status = CLIENT_GONE
+        try:
+            await batcher.submit([cast(Item, call)], key, started + timeout_s, priority=priority)
+            if call.error is not None:
+                status = _FAILED
+                raise call.error
+            status = _OK
+            return cast(ResultT, call.result)
+        except SidecarError as error:
+            status = error.status
+            if error.rejected_reason is not None:
+                self.metrics.reject(error.rejected_reason)
+            raise
+        finally:
+            self.metrics.answered(status, loop.time() - started, IN_PROCESS)
+
+    def blocking(
+        self, item: ItemT, *, priority: int = 0, timeout_ms: float | None = None
+    ) -> ResultT:
+        """`__call__` for plain threads: blocks this thread until the item's answer.
+
+        The engine runs on the event loop of the first async caller, or else on a loop
+        thread of its own; never call this from that loop's thread.
+        """
+        with self._lock:
+            if self._closed:
+                raise Unavailable("this batch function is closed")
+            if self._loop is None:
+                self._own_loop = LoopThread(f"carpool-batch-{self.name}")
+                self._loop = self._own_loop.loop
+            loop = self._loop
+        if _running_loop() is loop:
+            raise RuntimeError("blocking() called from the batching loop's own thread")
+        future = asyncio.run_coroutine_threadsafe(
+            self(item, priority=priority, timeout_ms=timeout_ms), loop
+        )
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # this thread was interrupted: the item is no longer wanted
+            raise
+
+    async def aclose(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Answer what is queued (up to `grace_s`), then stop the engine; call on shutdown."""
+        with self._lock:
+            self._closed = True
+        if self._batcher is not None and self._dispatcher is not None:
+            await self._batcher.drain(grace_s)
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """`aclose` for threaded programs that used only `blocking`."""
+        own = self._own_loop
+        if own is None:
+            raise RuntimeError("the engine runs on an async caller's loop: await aclose()")
+        own.submit(self.aclose(grace_s)).result()
+        own.stop()
+
+    def _engine(self) -> Batcher:
+        """The engine, started on the first caller's loop; every later caller must share it."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._closed:
+                raise Unavailable("this batch function is closed")
+            if self._loop is not None and self._loop is not loop:
+                raise RuntimeError(
+                    "a carpool.batch function serves one event loop; use blocking() from threads"
+                )
+            if self._batcher is None:
+                self._loop = loop
+                self._batcher = Batcher(self._settings, _Sender(self._send), self.metrics)
+                self._dispatcher = loop.create_task(self._batcher.run())
+                if not self._is_async:
+                    workers = self._settings.max_inflight_batches
+                    self._executor = ThreadPoolExecutor(workers, f"carpool-{self.name}")
+            return self._batcher
+
+    async def _send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
+        calls = cast(list[_Call[ItemT, ResultT]], list(items))
+        await self._answer(calls)
+        return [ItemResult() for _ in calls]
+
+    async def _answer(self, calls: list[_Call[ItemT, ResultT]]) -> None:
+        """Run the function on the calls' items and store each answer; bisect on failure."""
+        try:
+            results = await self._run([call.item for call in calls])
+            if len(results) != len(calls):
+                raise BadModelResponse(
+                    f"{self.name} returned {len(results)} results for {len(calls)} items"
+                )
+        except Exception as error:
+            if len(calls) == 1 or isinstance(error, BadModelResponse):
+                for call in calls:
+                    call.error = error
+                return
+            middle = len(calls) // 2
+            await self._answer(calls[:middle])
+            await self._answer(calls[middle:])
+            return
+        for call, result in zip(calls, results, strict=True):
+            if isinstance(result, Exception):
+                call.error = result
+            else:
+                call.result = result
+
+    async def _run(self, items: list[ItemT]) -> Sequence[Any]:
+        if self._is_async:
+            return cast(Sequence[Any], await self._function(items))
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self._executor, self._function, items)
+        return cast(Sequence[Any], results)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def batch(
+    *,
+    max_batch_size: int = 32,
+    max_wait_ms: float = 5.0,
+    max_inflight_batches: int = 1,
+    max_queue_items: int = 1024,
+    timeout_ms: float = 30_000.0,
+    dispatch: Dispatch = "adaptive",
+    registry: CollectorRegistry | None = None,
+    name: str | None = None,
+    group_by: Callable[[Any], Hashable] | None = None,
+) -> Callable[[Callable[[list[ItemT]], Any]], Batched[ItemT, Any]]:
+    """Batch single-item calls of a function from a list of items to a list of results.
+
+    The knobs are the sidecar's (docs/sidecar.md). `registry` receives the sidecar's metrics
+    labelled `model=name` (default: the function's name); `group_by` keys items that may share
+    a batch (default: all may).
+    """
+    settings = BatchingSettings(
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        max_inflight_batches=max_inflight_batches,
+        max_queue_items=max_queue_items,
+        timeout_ms=timeout_ms,
+        dispatch=dispatch,
+    )
+
+    def wrap(function: Callable[[list[ItemT]], Any]) -> Batched[ItemT, Any]:
+        return Batched(
+            function,
+            settings,
+            registry if registry is not None else CollectorRegistry(),
+            name or function.__name__,
+            group_by,
+        )
+
+    return wrap

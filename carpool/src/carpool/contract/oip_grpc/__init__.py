@@ -1,0 +1,1 @@
+"""The Open Inference Protocol's gRPC messages and service, generated from inference.proto."""

@@ -1,0 +1,1 @@
+"""The batching engine: queues, dispatch and fan-out, with no protocol and no model server."""

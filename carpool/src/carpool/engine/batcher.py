@@ -1,0 +1,231 @@
+"""The batching engine: pure asyncio, no HTTP, no model-server client.
+
+Callers `submit` their items and await one future. A single dispatcher task (`run`) forms
+batches from compatible queued items (`batch_queue`, `scheduling`) and hands each to the
+sender in its own task, at most `max_inflight_batches` at a time; `execution` fans the
+answers, or one error, back out to the callers. The window of a forming batch opens at its
+first item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+
+from carpool.contract.wire import Item, ItemResult
+from carpool.engine import execution
+from carpool.engine.arrivals import Arrivals
+from carpool.engine.batch_queue import BatchQueue
+from carpool.engine.bounds import RequestBounds
+from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
+from carpool.engine.execution import BatchSender
+from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.pending import BatchKey, Part, PendingRequest
+from carpool.engine.scheduling import Limits, Outlook, decide
+from carpool.engine.settings import BatchingSettings
+from carpool.engine.throughput import ThroughputWindow
+from carpool.engine.timeline import ModelTimeline
+
+
+class Batcher:
+    def __init__(
+        self, settings: BatchingSettings, sender: BatchSender, metrics: SidecarMetrics
+    ) -> None:
+        self._limits = Limits(settings)
+        self._sender = sender
+        self._metrics = metrics
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._queue = BatchQueue(metrics, self._changed)
+        self._throughput = ThroughputWindow()
+        self._timeline = ModelTimeline()
+        self._arrivals = Arrivals()
+        # Batches at the model server. A counter rather than a semaphore: only the dispatcher
+        # takes slots, and the limit (maxInflightBatches) can change live.
+        self._inflight = 0
+        self._seq = 0
+        self._draining = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def settings(self) -> BatchingSettings:
+        return self._limits.settings
+
+    @property
+    def bounds(self) -> RequestBounds:
+        """What one request may hold (maxQueueItems, maxQueueBytes)."""
+        return RequestBounds(self.settings.max_queue_items, self.settings.max_queue_bytes)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def queued_items(self) -> int:
+        return self._queue.items
+
+    def limit_batch_size(self, model_max_batch_size: int) -> None:
+        """Never send more than the model server says it takes."""
+        self._limits = dataclasses.replace(self._limits, model_max_batch_size=model_max_batch_size)
+        self._wake.set()
+
+    def update(self, settings: BatchingSettings) -> None:
+        """Use new batching knobs from the next batch on."""
+        self._limits = dataclasses.replace(self._limits, settings=settings)
+        self._wake.set()
+
+    def retry_after_s(self) -> int:
+        """Seconds until the queue has likely drained, from throughput of the last seconds."""
+        return self._throughput.retry_after_s(self._queue.items, self._loop.time())
+
+    async def submit(
+        self,
+        items: Sequence[Item],
+        key: BatchKey,
+        deadline: float,
+        *,
+        priority: int = 0,
+        lengths: Sequence[int] | None = None,
+        nbytes: int = 0,
+    ) -> list[ItemResult]:
+        """Queue the items and wait for all their results, or raise the SidecarError for them.
+
+        `deadline` is in loop time; `lengths` are the items' lengths when they vary (for the
+        padding metric); `nbytes` is what their data holds. Cancelling the caller (client
+        gone) cancels its entry; its unsent items are then never sent.
+        """
+        if self._draining:
+            raise Unavailable("the sidecar is shutting down")
+        count, limit, byte_limit = len(items), self.bounds.max_items, self.bounds.max_bytes
+        self.bounds.check_items(count)
+        self.bounds.check_bytes(nbytes)
+        if self._queue.items + count > limit or self._queue.bytes + nbytes > byte_limit:
+            raise QueueFull(
+                f"queue full: {self._queue.items} items ({self._queue.bytes} bytes) queued, "
+                f"limits {limit} items and {byte_limit} bytes",
+                self.retry_after_s(),
+            )
+        now = self._loop.time()
+        if deadline <= now:
+            # Reading and parsing the body took the whole deadline.
+            raise DeadlineExceeded("deadline passed before the request was queued")
+        self._seq += 1
+        request = PendingRequest(
+            items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
+            nbytes,
+        )  # fmt: skip
+        request.results = [None] * count
+        self._queue.push(request)
+        self._arrivals.arrived(count, now)
+        self._idle.clear()
+        self._wake.set()
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await request.future
+        except TimeoutError:
+            waited_ms = 1000 * (self._loop.time() - now)
+            raise DeadlineExceeded(
+                f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
+            ) from None
+
+    async def run(self) -> None:
+        """The dispatcher: runs until cancelled, then fails whatever is left with 503."""
+        try:
+            while True:
+                self._wake.clear()
+                now = self._loop.time()
+                decision = decide(
+                    self._queue.groups(),
+                    self._limits,
+                    self._inflight,
+                    self._draining,
+                    now,
+                    self._outlook(now),
+                )
+                if isinstance(decision, tuple):
+                    group, reason = decision
+                    parts = self._queue.take(group, self._limits.capacity(group.key), now)
+                    if parts:
+                        self._launch(parts, reason, group.key)
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(decision):
+                        await self._wake.wait()
+        finally:
+            await self.abort()
+
+    async def abort(self) -> None:
+        """Refuse new requests and answer every waiting caller, queued or in a batch, 503."""
+        self._draining = True
+        # Queued requests first: with none left, the dispatcher starts no batch meanwhile.
+        self._queue.fail_all(Unavailable("the sidecar stopped"))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests, send everything queued; True when all of it was answered."""
+        self._draining = True
+        self._wake.set()
+        try:
+            async with asyncio.timeout(grace_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _outlook(self, now: float) -> Outlook:
+        timeline, arrivals = self._timeline, self._arrivals
+        # Closed-loop callers due back: those answered lately, and those of the next answer.
+        # (A caller counts as one item: most send one; with more, waiting pays all the more.)
+        company = []
+        if returning := arrivals.returning(now):
+            company.append((returning, *arrivals.back(arrivals.last_answer)))
+        if (upcoming := timeline.next_answer()) is not None:
+            company.append((upcoming[0], *arrivals.back(upcoming[1])))
+        return Outlook(
+            timeline.ready_at(), timeline.fixed_s(), arrivals.per_second(now), tuple(company)
+        )
+
+    def _changed(self) -> None:
+        if self._queue.items == 0 and self._inflight == 0:
+            self._idle.set()
+        self._wake.set()
+
+    def _launch(self, parts: list[Part], reason: str, key: BatchKey) -> None:
+        items = execution.batch_items(parts)
+        self._metrics.batch_sent(reason, len(items))
+        if key.bucket is not None and (ratio := execution.padding_ratio(parts)) is not None:
+            self._metrics.padding_ratio.observe(ratio)
+        self._inflight += 1
+        self._metrics.inflight_batches.set(self._inflight)
+        token = self._timeline.sent(len(items), self._loop.time())
+        task = asyncio.create_task(self._run_batch(parts, items, token))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, parts: list[Part], items: list[Item], token: int) -> None:
+        started = self._loop.time()
+        timeout_s = max(part.request.deadline for part in parts) - started
+        answer = None
+        try:
+            answer = await execution.execute(self._sender, parts, items, timeout_s)
+            if answer is not None:
+                # Only answered batches tell how fast the queue drains (for Retry-After).
+                self._throughput.record(started, self._loop.time(), len(items))
+                done = sum(part.stop == len(part.request.items) for part in parts)
+                self._arrivals.answered(done, self._loop.time())
+        finally:
+            finished = self._loop.time()
+            timing = answer[1] if answer is not None else None
+            self._timeline.answered(token, finished, timing, learn=answer is not None)
+            worker = self._timeline.worker
+            self._metrics.model_learned(worker.fixed_s, worker.per_item_s, self._timeline.hop_s())
+            self._metrics.model_duration.observe(finished - started)
+            self._inflight -= 1
+            self._metrics.inflight_batches.set(self._inflight)
+            self._changed()

@@ -1,0 +1,103 @@
+"""Domain errors of the sidecar, each with the HTTP status its caller sees.
+
+The data plane and the batching engine raise these; `carpool_sidecar.app` is the one place
+that turns them into `{"error": ...}` responses.
+"""
+
+from __future__ import annotations
+
+# Not an HTTP status: the client went away before its answer (nginx's convention).
+CLIENT_GONE = 499
+
+
+class SidecarError(Exception):
+    """An error a caller should see, with its HTTP status."""
+
+    status = 500
+    # What the status means to a caller, for the OpenAPI document.
+    description = "A bug in the sidecar (details in its log), or the model failed on an item."
+    # The `carpool_rejected_total` reason this error counts as, if it is a rejection.
+    rejected_reason: str | None = None
+    # Whether the answer closes the connection: the rest of its body is never read.
+    close_connection = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        close_connection: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+        if close_connection is not None:
+            self.close_connection = close_connection
+
+
+class BadRequest(SidecarError):
+    status = 400
+    description = "Malformed request, or an item the model refused as invalid."
+    rejected_reason = "bad_request"
+
+
+class BodyTimeout(SidecarError):
+    status = 408
+    description = (
+        "The body stopped arriving for --body-timeout-seconds, or was incomplete at the deadline."
+    )
+    rejected_reason = "body_timeout"
+    close_connection = True
+
+
+class ModelNotFound(SidecarError):
+    status = 404
+    description = "Unknown model name or version."
+
+
+class PayloadTooLarge(SidecarError):
+    status = 413
+    description = "Body above --max-body-bytes, or more items than maxQueueItems or more "
+    "bytes than maxQueueBytes."
+    rejected_reason = "too_large"
+
+
+class QueueFull(SidecarError):
+    status = 429
+    description = "The queue is full; nothing was queued. Retry-After says when to retry."
+    rejected_reason = "queue_full"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ModelError(SidecarError):
+    """An error the model server reported for one item, with the status it chose."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BadModelResponse(SidecarError):
+    """The model server answered, but not with what the wire format promises."""
+
+    status = 502
+    description = "The model server answered with a malformed batch."
+
+
+class Unavailable(SidecarError):
+    """The model server cannot be reached, is not ready, or the sidecar is draining."""
+
+    status = 503
+    description = "The model server is not ready or failed the batch, or the sidecar stops."
+
+
+class ModelUnreachable(Unavailable):
+    """No connection to the model server: it is down or restarting."""
+
+
+class DeadlineExceeded(SidecarError):
+    status = 504
+    description = "The request's deadline passed."
+    rejected_reason = "deadline"

@@ -1,1 +1,0 @@
-"""The model server: runs whole batches through a torch model."""

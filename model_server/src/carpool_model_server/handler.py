@@ -1,0 +1,155 @@
+"""The handler API: what a model must provide for the server to batch it.
+
+A handler is a class referenced by a built-in short name or as `module:Class`. The server
+builds it with the settings it needs, calls `load` once on the worker thread, then for every
+batch `preprocess` -> `infer` -> `postprocess`, all under `torch.inference_mode`. A handler
+that sets `preprocess_overlaps_infer` has `preprocess` run on a thread of its own, for the
+next batch while the worker runs this one; two `preprocess` calls never run at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+
+from carpool.contract.handlers import BUILTIN_HANDLERS
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import Item, Tensor
+from carpool_model_server.errors import InvalidItem
+
+BatchT = TypeVar("BatchT")
+OutputsT = TypeVar("OutputsT")
+ValidT = TypeVar("ValidT")
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSettings:
+    """What the server tells a handler before `load`."""
+
+    model_path: Path | None
+    dtype: torch.dtype
+    max_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared(Generic[BatchT]):
+    """The result of `preprocess`.
+
+    `batch` holds the accepted items only, in their original order; `rejected` maps the
+    index of each refused item (in the list given to `preprocess`) to a message for its caller.
+    `accepted_count` lets the server check that `postprocess` answers every accepted item.
+    """
+
+    batch: BatchT | None
+    accepted_count: int
+    rejected: dict[int, str] = field(default_factory=dict)
+
+
+class Handler(ABC, Generic[BatchT, OutputsT]):
+    """Base class of every handler. Subclasses set `metadata` and implement the four steps.
+
+    An input's `TensorSpec` may bound what one item can cost: `max_elements` (elements per
+    item, for variable dimensions) and `max_element_bytes` (bytes per BYTES element). The
+    model server publishes them in its metadata and the sidecar answers 400 to a request
+    over either before queueing it, so one item cannot hold the worker for longer than the
+    handler allows. `require_input` (or `check_limits`) applies them here as well.
+    """
+
+    metadata: Metadata
+    # True when `preprocess` shares no mutable state with `infer` and `postprocess` (a
+    # tokenizer that only preprocess calls is fine): the server then pipelines batches.
+    preprocess_overlaps_infer: ClassVar[bool] = False
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        self.settings = settings
+
+    @abstractmethod
+    def load(self, device: torch.device) -> None:
+        """Load weights onto `device`; runs once, on the worker thread, before warm-up."""
+
+    @abstractmethod
+    def preprocess(self, items: Sequence[Item]) -> Prepared[BatchT]:
+        """Validate each item and build one batch of the valid ones (see `split_valid`)."""
+
+    @abstractmethod
+    def infer(self, batch: BatchT) -> OutputsT:
+        """Run the model on one batch. An exception here fails the batch; the server isolates
+        the item(s) that cause it."""
+
+    @abstractmethod
+    def postprocess(self, outputs: OutputsT) -> list[dict[str, Tensor]]:
+        """One map of output tensors per accepted item, in order."""
+
+    def example_item(self) -> Item | None:
+        """A valid item for warm-up batches; None skips warm-up."""
+        return None
+
+
+# The server moves a handler's batch and outputs between its own methods without looking
+# inside, so it accepts a handler of any batch and output types.
+AnyHandler = Handler[Any, Any]
+
+
+def split_valid(
+    items: Sequence[Item], check: Callable[[Item], ValidT]
+) -> tuple[list[ValidT], dict[int, str]]:
+    """Run `check` on every item: its results for the valid ones, messages for the rest.
+
+    `check` raises `InvalidItem` to refuse an item; any other exception is a bug and
+    propagates.
+    """
+    valid: list[ValidT] = []
+    rejected: dict[int, str] = {}
+    for index, item in enumerate(items):
+        try:
+            valid.append(check(item))
+        except InvalidItem as error:
+            rejected[index] = str(error)
+    return valid, rejected
+
+
+def require_input(item: Item, spec: TensorSpec) -> Tensor:
+    """The item's tensor for `spec`, refused unless its datatype and fixed dims match."""
+    tensor = item.get(spec.name)
+    if tensor is None:
+        raise InvalidItem(f"missing input {spec.name!r}; item has {sorted(item) or 'none'}")
+    if tensor.datatype != spec.datatype:
+        raise InvalidItem(f"input {spec.name!r} must be {spec.datatype}, got {tensor.datatype}")
+    fits = len(tensor.shape) == len(spec.shape) and all(
+        want in (-1, have) for want, have in zip(spec.shape, tensor.shape, strict=True)
+    )
+    if not fits:
+        raise InvalidItem(
+            f"input {spec.name!r} must have shape {list(spec.shape)}, got {list(tensor.shape)}"
+        )
+    check_limits(tensor, spec)
+    return tensor
+
+
+def check_limits(tensor: Tensor, spec: TensorSpec) -> None:
+    """Refuse an item over the limits `spec` declares (`max_elements`, `max_element_bytes`).
+
+    The sidecar refuses such requests before it queues them; this guards a model server
+    called directly.
+    """
+    if (error := spec.limit_error(tensor.shape, tensor.data)) is not None:
+        raise InvalidItem(error)
+
+
+def load_handler_class(reference: str) -> type[AnyHandler]:
+    """Resolve a built-in short name or `module:Class` to a Handler subclass."""
+    target = BUILTIN_HANDLERS.get(reference, reference)
+    module_name, _, class_name = target.partition(":")
+    if not class_name:
+        builtins = ", ".join(BUILTIN_HANDLERS)
+        raise ValueError(f"unknown handler {reference!r}: use one of {builtins} or module:Class")
+    handler_class = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(handler_class, type) and issubclass(handler_class, Handler)):
+        raise ValueError(f"{target!r} is not a carpool Handler subclass")
+    return handler_class

@@ -1,0 +1,263 @@
+"""`text-generation`: batched text generation with a Hugging Face causal language model.
+
+`--model-path` names a folder holding the model and its tokenizer (`save_pretrained` output).
+Prompts are left-padded so that every row's next token sits in the last column, and each
+batch is split into power-of-two prompt-length buckets, one `model.generate` call each, so a
+short prompt never pads to a long one. Settings are per item: a row stops at its own
+`max_new_tokens`, end-of-sequence token or stop string, while the rest of its bucket goes on;
+`temperature` 0 is greedy. With greedy decoding every prompt gets exactly the tokens it gets
+when it runs alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from carpool.contract import generation
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import BYTES, Item, Tensor
+from carpool_model_server.errors import InvalidItem
+from carpool_model_server.handler import Handler, Prepared, require_input, split_valid
+
+TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,))
+MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,))
+TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,))
+STOP = TensorSpec(generation.STOP, BYTES, (-1,))
+TEXT_OUTPUT = TensorSpec(generation.TEXT_OUTPUT, BYTES, (1,))
+WARMUP_PROMPT = "carpool warms up the model"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One prompt, tokenized, with its own generation settings."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float  # 0: greedy
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """Prompts of similar length, left-padded into one tensor; `rows` are batch positions."""
+
+    rows: list[int]
+    requests: list[Request]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    buckets: list[Bucket]
+    count: int
+
+    def padding(self) -> tuple[int, int]:
+        """(prompt tokens, token slots) over all buckets: how much of the batch is padding."""
+        real = sum(int(bucket.attention_mask.sum()) for bucket in self.buckets)
+        slots = sum(bucket.attention_mask.numel() for bucket in self.buckets)
+        return real, slots
+
+
+class TextGenerationHandler(Handler[Prompts, list[str]]):
+    metadata = Metadata(
+        platform="pytorch_transformers",
+        inputs=(TEXT_INPUT, MAX_NEW_TOKENS, TEMPERATURE, STOP),
+        outputs=(TEXT_OUTPUT,),
+        pads_variable_dims=True,
+    )
+
+    def load(self, device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.settings.model_path is None:
+            raise ValueError("the text-generation handler needs --model-path: a model folder")
+        path = str(self.settings.model_path)
+        self.device = device
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
+        self.eos_id: int | None = self.tokenizer.eos_token_id
+        pad_id = self.tokenizer.pad_token_id
+        # GPT-2 style tokenizers have no pad token; padded slots are masked out anyway.
+        self.pad_id: int = pad_id if pad_id is not None else (self.eos_id or 0)
+        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+    def preprocess(self, items: Sequence[Item]) -> Prepared[Prompts]:
+        requests, rejected = split_valid(items, self._request)
+        if not requests:
+            return Prepared(None, 0, rejected)
+        by_bucket: dict[int, list[int]] = {}
+        for row, request in enumerate(requests):
+            by_bucket.setdefault(_bucket(len(request.prompt_ids)), []).append(row)
+        buckets = [self._pad([requests[r] for r in rows], rows) for rows in by_bucket.values()]
+        return Prepared(Prompts(buckets, len(requests)), len(requests), rejected)
+
+    def infer(self, batch: Prompts) -> list[str]:
+        texts = [""] * batch.count
+        for bucket in batch.buckets:
+            for row, text in zip(bucket.rows, self._generate(bucket), strict=True):
+                texts[row] = text
+        return texts
+
+    def postprocess(self, outputs: list[str]) -> list[dict[str, Tensor]]:
+        return [{TEXT_OUTPUT.name: Tensor(BYTES, (1,), [text.encode()])} for text in outputs]
+
+    def example_item(self) -> Item:
+        return {TEXT_INPUT.name: Tensor(BYTES, (1,), [WARMUP_PROMPT.encode()])}
+
+    def item_length(self, item: Item) -> int:
+        """Prompt tokens, for sorting items offline (`carpool infer`); 0 for a bad item."""
+        try:
+            prompt = _string(require_input(item, TEXT_INPUT), TEXT_INPUT.name)
+        except InvalidItem:
+            return 0
+        return len(self.tokenizer(prompt)["input_ids"])
+
+    def _request(self, item: Item) -> Request:
+        prompt = _string(require_input(item, TEXT_INPUT), TEXT_INPUT.name)
+        prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
+        if not prompt_ids:
+            raise InvalidItem(f"input {TEXT_INPUT.name!r} holds no tokens")
+        max_new = generation.DEFAULT_MAX_NEW_TOKENS
+        if MAX_NEW_TOKENS.name in item:
+            max_new = int(_number(item[MAX_NEW_TOKENS.name], MAX_NEW_TOKENS.name))
+        if max_new < 1:
+            raise InvalidItem(f"{MAX_NEW_TOKENS.name} must be at least 1, got {max_new}")
+        if len(prompt_ids) + max_new > self.context:
+            raise InvalidItem(
+                f"prompt of {len(prompt_ids)} tokens plus {max_new} new tokens exceeds the "
+                f"model's context of {self.context}"
+            )
+        temperature = 0.0
+        if TEMPERATURE.name in item:
+            temperature = float(_number(item[TEMPERATURE.name], TEMPERATURE.name))
+        if not (temperature >= 0 and np.isfinite(temperature)):
+            raise InvalidItem(f"{TEMPERATURE.name} must be finite and >= 0, got {temperature}")
+        stop: tuple[str, ...] = ()
+        if STOP.name in item:
+            tensor = item[STOP.name]
+            if tensor.datatype != BYTES or len(tensor.shape) != 1:
+                raise InvalidItem(f"input {STOP.name!r} must be a BYTES list of strings")
+            assert isinstance(tensor.data, list)
+            stop = tuple(s for s in (_decode(b, STOP.name) for b in tensor.data) if s)
+        return Request(prompt_ids, max_new, temperature, stop)
+
+    def _pad(self, requests: list[Request], rows: list[int]) -> Bucket:
+        width = max(len(request.prompt_ids) for request in requests)
+        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for index, request in enumerate(requests):
+            # Left padding: every row's last prompt token sits in the last column.
+            input_ids[index, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            mask[index, width - len(request.prompt_ids) :] = 1
+        return Bucket(rows, requests, input_ids.to(self.device), mask.to(self.device))
+
+    def _generate(self, bucket: Bucket) -> list[str]:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        requests = bucket.requests
+        width = bucket.input_ids.shape[1]
+        sampling = any(request.temperature > 0 for request in requests)
+        # Only our own per-row temperature shapes the sampled distribution.
+        shaping = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampling else {}
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
+            max_new_tokens=max(request.max_new_tokens for request in requests),
+            do_sample=sampling,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            **shaping,
+        )
+        processors = LogitsProcessorList()
+        if sampling:
+            processors.append(_RowTemperature([r.temperature for r in requests], self.device))
+        stopping = StoppingCriteriaList([_RowStop(requests, width, self.tokenizer, self.device)])
+        output = self.model.generate(
+            input_ids=bucket.input_ids,
+            attention_mask=bucket.attention_mask,
+            generation_config=config,
+            logits_processor=processors,
+            stopping_criteria=stopping,
+        )
+        return [
+            self._finish(row_ids[width:].tolist(), request)
+            for row_ids, request in zip(output, requests, strict=True)
+        ]
+
+    def _finish(self, new_ids: list[int], request: Request) -> str:
+        """The row's text: its own token limit, end of sequence and first stop string applied."""
+        new_ids = new_ids[: request.max_new_tokens]
+        if self.eos_id is not None and self.eos_id in new_ids:
+            new_ids = new_ids[: new_ids.index(self.eos_id)]
+        text: str = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        return _cut_at_stop(text, request.stop)
+
+
+class _RowTemperature:
+    """Divides each row's logits by its own temperature; a greedy row (0) keeps only its
+    argmax, so sampling it gives exactly the greedy token."""
+
+    def __init__(self, temperatures: list[float], device: torch.device) -> None:
+        values = torch.tensor(temperatures, dtype=torch.float32, device=device)
+        self.greedy = values == 0
+        self.divisor = torch.where(self.greedy, torch.ones_like(values), values).unsqueeze(1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scaled = scores / self.divisor.to(scores.dtype)
+        best = scores.argmax(dim=-1, keepdim=True)
+        one_hot = torch.full_like(scores, -torch.inf).scatter(1, best, 0.0)
+        return torch.where(self.greedy.unsqueeze(1), one_hot, scaled)
+
+
+class _RowStop:
+    """Marks a row done at its own token limit or once its text holds one of its stop strings."""
+
+    def __init__(
+        self, requests: list[Request], width: int, tokenizer: Any, device: torch.device
+    ) -> None:
+        self.requests = requests
+        self.width = width
+        self.tokenizer = tokenizer
+        self.limits = torch.tensor([r.max_new_tokens for r in requests], device=device)
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **_: Any) -> torch.Tensor:
+        done = (input_ids.shape[1] - self.width) >= self.limits
+        for row, request in enumerate(self.requests):
+            if request.stop and not done[row]:
+                text = self.tokenizer.decode(input_ids[row, self.width :].tolist())
+                done[row] = any(stop in text for stop in request.stop)
+        return done
+
+
+def _bucket(length: int) -> int:
+    """The power of two at or above `length`: prompts in one bucket pad at most to double."""
+    return 1 << (length - 1).bit_length()
+
+
+def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    cuts = [index for index in (text.find(s) for s in stop) if index >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+def _string(tensor: Tensor, name: str) -> str:
+    assert isinstance(tensor.data, list)  # require_input checked it is BYTES
+    return _decode(tensor.data[0], name)
+
+
+def _decode(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidItem(f"input {name!r} is not UTF-8 text: {error}") from None
+
+
+def _number(tensor: Tensor, name: str) -> float:
+    """A one-element numeric setting of any integer or float datatype."""
+    if tensor.datatype == BYTES or tensor.element_count != 1:
+        raise InvalidItem(f"input {name!r} must hold one number, got {tensor.datatype}")
+    return float(tensor.to_numpy().reshape(-1)[0])

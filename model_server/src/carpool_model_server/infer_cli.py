@@ -1,0 +1,98 @@
+"""`carpool infer`: a handler run in process over a JSON-lines file, resumable."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import orjson
+
+from carpool_model_server.items import result_to_json
+from carpool_model_server.offline import DEFAULT_BATCH_SIZE, BatchInference
+from carpool_model_server.results_file import answered, append, put_in_order
+
+
+@click.command()
+@click.option("--handler", required=True, help="text-embedding, text-generation, module:Class...")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSON lines: an object of inputs per line, or a string for a text first input.",
+)
+@click.option(
+    "--output",
+    "output_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSON lines, one per input line with its 0-based index; resumed if it exists.",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE)
+@click.option("--model-path", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N")
+@click.option("--torch-threads", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--sort/--no-sort", default=True, show_default=True, help="Batch items of similar length."
+)
+def command(
+    handler: str,
+    input_path: Path,
+    output_path: Path,
+    batch_size: int,
+    model_path: Path | None,
+    device: str,
+    torch_threads: int | None,
+    sort: bool,
+) -> None:
+    """Run a handler over every line of a file; results come out in input order."""
+    started = time.monotonic()
+    done = answered(output_path)
+    pending: list[tuple[int, Any]] = []
+    malformed: dict[int, str] = {}
+    with input_path.open("rb") as lines:
+        for index, line in enumerate(lines):
+            if index in done:
+                continue
+            try:
+                pending.append((index, orjson.loads(line)))
+            except orjson.JSONDecodeError as error:
+                malformed[index] = f"line {index + 1} is not JSON: {error}"
+    if done:
+        click.echo(f"resuming: {len(done)} lines already answered", err=True)
+    with output_path.open("ab") as output:
+        for index, message in malformed.items():
+            append(output, index, {"error": message, "status": 400})
+        if pending:
+            _run(handler, pending, output, batch_size, model_path, device, torch_threads, sort)
+    put_in_order(output_path)
+    click.echo(f"wrote {output_path} in {time.monotonic() - started:.1f}s", err=True)
+
+
+def _run(
+    handler: str,
+    pending: list[tuple[int, Any]],
+    output: IO[bytes],
+    batch_size: int,
+    model_path: Path | None,
+    device: str,
+    torch_threads: int | None,
+    sort: bool,
+) -> None:
+    with BatchInference(
+        handler,
+        batch_size=batch_size,
+        model_path=model_path,
+        device=device,
+        torch_threads=torch_threads,
+    ) as inference:
+        records = [record for _, record in pending]
+        with click.progressbar(length=len(records), label="infer") as bar:
+            for positions, results in inference.run(records, sort_by_length=sort):
+                for position, result in zip(positions, results, strict=True):
+                    append(output, pending[position][0], result_to_json(result))
+                output.flush()
+                bar.update(len(positions))
+        click.echo(inference.stats.summary(), err=True)

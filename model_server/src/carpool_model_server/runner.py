@@ -1,0 +1,220 @@
+"""Runs batches through a handler on one dedicated worker thread, preprocess pipelined ahead.
+
+All model work (load, warm-up, every forward pass) happens on that one thread, so the event
+loop keeps answering health checks and the model never sees two batches at once. When the
+handler allows it, `preprocess` runs on a second thread: batch n+1 is tokenized (and copied
+to the GPU) while batch n runs. Failures are
+isolated per item here: invalid items are answered 400 while their neighbours run; a batch
+whose forward pass raises is split in halves and retried until only the failing items
+remain, which are answered 500. An error that poisons the device (`fatal.is_fatal`) is not
+bisected: it fails the batch and every later one with `DeviceFailed`, until a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+import torch
+
+from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor
+from carpool_model_server.errors import DeviceFailed, InferError, InvalidItem
+from carpool_model_server.fatal import is_fatal
+from carpool_model_server.handler import AnyHandler, Prepared
+from carpool_model_server.metrics import ModelMetrics
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Runner:
+    def __init__(
+        self,
+        handler: AnyHandler,
+        device: torch.device,
+        metrics: ModelMetrics,
+        max_batch_size: int,
+        warmup_item: Item | None = None,
+        pipeline: bool = True,
+    ) -> None:
+        """`warmup_item`, when given, replaces the handler's own example item in warm-up;
+        `pipeline` False keeps preprocess on the worker even where the handler allows more."""
+        self.handler = handler
+        self.device = device
+        self.metrics = metrics
+        self.max_batch_size = max_batch_size
+        self._warmup_item = warmup_item
+        # Set once, on the worker thread, by the first fatal error; read by the health probe.
+        self.failure: str | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-infer")
+        self._preparer: ThreadPoolExecutor | None = None
+        if pipeline and handler.preprocess_overlaps_infer:
+            self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-prep")
+        # The worker preprocesses too (warm-up, isolation): one preprocess at a time.
+        self._preprocessing = threading.Lock()
+
+    async def load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
+        """Load the model and run one warm-up batch of each size, on the worker thread."""
+        if self._preparer is not None and torch_threads is not None:
+            await self._on(self._preparer, torch.set_num_threads, torch_threads)
+        await self._on(self._executor, self._load, torch_threads, warmup_sizes)
+
+    async def run(self, items: Sequence[Item]) -> list[ItemResult]:
+        """Answer every item, in order; a request above the max batch size runs as several.
+
+        Raises DeviceFailed once the device is unusable.
+        """
+        return (await self.run_timed(items))[0]
+
+    async def run_timed(self, items: Sequence[Item]) -> tuple[list[ItemResult], BatchTiming]:
+        """`run`, and how long the items waited for the worker and then took on it."""
+        arrived = time.monotonic()
+        results: list[ItemResult] = []
+        first_started = last_finished = arrived
+        for start in range(0, len(items), self.max_batch_size):
+            chunk = items[start : start + self.max_batch_size]
+            prepared = None
+            if self._preparer is not None:
+                prepared = await self._on(self._preparer, self._prepare, chunk)
+            answered, started, last_finished = await self._on(
+                self._executor, self._run_measured, chunk, prepared
+            )
+            results.extend(answered)
+            if start == 0:
+                first_started = started
+        return results, BatchTiming(first_started - arrived, last_finished - first_started)
+
+    def close(self) -> None:
+        """Let the batch in flight finish; batches not started yet are dropped."""
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def _on(
+        self,
+        thread: ThreadPoolExecutor,
+        function: Callable[P, R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(thread, functools.partial(function, *args, **kwargs))
+
+    def _prepare(self, items: Sequence[Item]) -> Prepared[object] | None:
+        """Preprocess ahead of the worker. None leaves it to the worker: there a failing
+        item is isolated (or a fatal error stops the device) as without the pipeline."""
+        if self.failure is not None:
+            return None
+        try:
+            return self._preprocess(items)
+        except Exception:
+            return None
+
+    def _preprocess(self, items: Sequence[Item]) -> Prepared[object]:
+        with self._preprocessing, torch.inference_mode():
+            prepared: Prepared[object] = self.handler.preprocess(items)
+        return prepared
+
+    def _load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
+        if torch_threads is not None:
+            # Set on the thread that runs the model: OpenMP keeps this setting per thread.
+            torch.set_num_threads(torch_threads)
+        started = time.monotonic()
+        with torch.inference_mode():
+            self.handler.load(self.device)
+        log.info("loaded %s in %.2fs", type(self.handler).__name__, time.monotonic() - started)
+        example = self._warmup_item
+        if example is None:
+            example = self.handler.example_item()
+        if example is None:
+            log.info("handler gives no example item and no --example-shape is set: no warm-up")
+            return
+        for size in warmup_sizes:
+            started = time.monotonic()
+            results = self._isolate([example] * size)
+            failed = [r.error for r in results if r.error is not None]
+            if failed:
+                raise RuntimeError(f"warm-up batch of {size} failed: {failed[0]}")
+            log.info("warm-up batch of %d took %.3fs", size, time.monotonic() - started)
+        self.metrics.observe_gpu(self.device)
+
+    def _run_measured(
+        self, items: Sequence[Item], prepared: Prepared[object] | None = None
+    ) -> tuple[list[ItemResult], float, float]:
+        """The results, and when the worker started and finished them."""
+        if self.failure is not None:
+            raise DeviceFailed(f"the device failed earlier, a restart is pending: {self.failure}")
+        started = time.monotonic()
+        try:
+            results = self._isolate(items, prepared)
+        except DeviceFailed:
+            self.metrics.observe_batch(len(items), time.monotonic() - started, 0, len(items))
+            raise
+        finished = time.monotonic()
+        invalid = sum(r.status == InvalidItem.status for r in results if r.error is not None)
+        failed = sum(r.error is not None for r in results) - invalid
+        self.metrics.observe_batch(len(items), finished - started, invalid, failed)
+        self.metrics.observe_gpu(self.device)
+        return results, started, finished
+
+    def _isolate(
+        self, items: Sequence[Item], prepared: Prepared[object] | None = None
+    ) -> list[ItemResult]:
+        """One forward pass (of `prepared` when given); if it raises, bisect so that only the
+        failing items get the error.
+
+        A single poison item in a batch of n costs about 2 * log2(n) extra forward passes.
+        """
+        try:
+            return self._forward(items, prepared)
+        except InferError as error:
+            # The handler broke its contract: retrying smaller batches would not fix it.
+            return [ItemResult.failed(str(error), InferError.status)] * len(items)
+        except Exception as error:
+            if is_fatal(error):
+                self.failure = f"{type(error).__name__}: {error}"
+                log.critical("the device is unusable until the process restarts", exc_info=error)
+                raise DeviceFailed(f"the device failed: {self.failure}") from error
+            if len(items) > 1:
+                middle = len(items) // 2
+                return self._isolate(items[:middle]) + self._isolate(items[middle:])
+            log.warning("item failed in the model: %r", error)
+            return [ItemResult.failed(_describe(error), InferError.status)]
+
+    def _forward(
+        self, items: Sequence[Item], prepared: Prepared[object] | None
+    ) -> list[ItemResult]:
+        if prepared is None:
+            prepared = self._preprocess(items)
+        with torch.inference_mode():
+            accepted_count = len(items) - len(prepared.rejected)
+            if prepared.accepted_count != accepted_count:
+                raise InferError(
+                    f"handler preprocess accepted {prepared.accepted_count} items but "
+                    f"rejected {len(prepared.rejected)} of {len(items)}"
+                )
+            outputs: list[dict[str, Tensor]] = []
+            if prepared.batch is not None and accepted_count:
+                outputs = list(self.handler.postprocess(self.handler.infer(prepared.batch)))
+        if len(outputs) != accepted_count:
+            raise InferError(
+                f"handler returned {len(outputs)} results for a batch of {accepted_count} items"
+            )
+        answers = iter(outputs)
+        return [
+            ItemResult.failed(prepared.rejected[index], InvalidItem.status)
+            if index in prepared.rejected
+            else ItemResult(outputs=next(answers))
+            for index in range(len(items))
+        ]
+
+
+def _describe(error: Exception) -> str:
+    return f"model failed on this item: {type(error).__name__}: {error}"

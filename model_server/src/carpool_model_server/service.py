@@ -1,0 +1,58 @@
+"""The data plane: readiness, metadata and batches, independent of HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from carpool.contract import wire
+from carpool.contract.metadata import ModelMetadata
+from carpool.contract.wire import Item, ItemResult
+from carpool_model_server.errors import BadRequest, NotReady
+from carpool_model_server.runner import Runner
+
+
+class ModelService:
+    def __init__(self, name: str, runner: Runner) -> None:
+        self.name = name
+        self.runner = runner
+        self.ready = False
+        self._batches_in_flight = 0
+        self._last_batch_at = time.monotonic()
+
+    async def start(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
+        """Load and warm up; the service answers batches only afterwards."""
+        await self.runner.load(torch_threads, warmup_sizes)
+        self.ready = True
+
+    async def infer(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming]:
+        """The items' results, and where their time went."""
+        if not self.ready:
+            raise NotReady("model is not ready: still loading or warming up")
+        self._batches_in_flight += 1
+        try:
+            return await self.runner.run_timed(items)
+        finally:
+            self._batches_in_flight -= 1
+            self._last_batch_at = time.monotonic()
+
+    async def infer_body(self, body: bytes) -> bytes:
+        """One batch in the wire format, as the HTTP route and the framed stream carry it."""
+        try:
+            items = wire.decode_request(body)
+        except wire.WireError as error:
+            raise BadRequest(f"invalid batch body: {error}") from error
+        return wire.encode_response(*await self.infer(items))
+
+    def idle_for(self) -> float:
+        """Seconds since the last batch finished; 0 while one is in flight."""
+        if self._batches_in_flight:
+            return 0.0
+        return time.monotonic() - self._last_batch_at
+
+    def metadata(self) -> dict[str, Any]:
+        """The model metadata document of `GET /metadata`."""
+        declared = self.runner.handler.metadata
+        served = ModelMetadata.served(declared, self.name, self.runner.max_batch_size)
+        return served.encode()

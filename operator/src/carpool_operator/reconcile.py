@@ -1,0 +1,211 @@
+"""Bring a BatchedModel's children and status in line with its spec, writing only the difference."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import kopf
+
+from carpool_operator.autoscaling_status import dependency_conditions
+from carpool_operator.defaults import Defaults
+from carpool_operator.diff import up_to_date, with_digest
+from carpool_operator.kube import RESOURCES, ApiError, KubeClient
+from carpool_operator.metrics import OperatorMetrics
+from carpool_operator.pods import pod_problem
+from carpool_operator.references import check_references
+from carpool_operator.render import render_spec, selector_for, service_url
+from carpool_operator.spec import ModelSpec, SpecError, parse
+from carpool_operator.status import Observation, desired_status, merge_conditions, observe
+from carpool_operator.types import Manifest
+
+# Kinds rendered only under some specs; an owned leftover of these is deleted.
+OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitor")
+
+
+@dataclass
+class Runtime:
+    """What the handlers share, kept in kopf's memo."""
+
+    defaults: Defaults
+    metrics: OperatorMetrics
+    kube: KubeClient
+    # One reconcile per object at a time: a BatchedModel's own handlers and its children's
+    # events may fire together, and two concurrent creates would collide.
+    locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
+        default_factory=lambda: collections.defaultdict(asyncio.Lock)
+    )
+    # The periodic resync (see resync.py), started at start-up, cancelled at cleanup.
+    resync: asyncio.Task[None] | None = None
+
+
+def _owned_by(child: Mapping[str, Any], uid: str) -> bool:
+    refs = child.get("metadata", {}).get("ownerReferences", [])
+    return any(ref.get("uid") == uid for ref in refs)
+
+
+def _retry(error: ApiError) -> kopf.TemporaryError:
+    # Throttling and missing permissions deserve a longer breath than a lost race.
+    delay = 30 if error.status in (403, 429) else 5
+    return kopf.TemporaryError(f"API server: {error}", delay=delay)
+
+
+async def _apply(kube: KubeClient, owner: Manifest, rendered: Manifest, uid: str) -> None:
+    manifest = with_digest(rendered)
+    kind, metadata = manifest["kind"], manifest["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    actual = await kube.get(kind, namespace, name)
+    if actual is None:
+        await kube.apply(manifest)
+        await kube.post_event(owner, "ChildCreated", f"created {kind} {name}", warning=False)
+    elif not _owned_by(actual, uid):
+        raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
+    elif not up_to_date(actual, manifest):
+        await kube.apply(manifest)
+        await kube.post_event(owner, "ChildUpdated", f"updated {kind} {name}", warning=False)
+
+
+async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
+    for kind in OPTIONAL_KINDS:
+        if kind in kinds:
+            continue
+        actual = await kube.get(kind, spec.namespace, spec.name)
+        if actual is not None and _owned_by(actual, spec.uid):
+            await kube.delete(kind, spec.namespace, spec.name)
+            message = f"deleted {kind} {spec.name}"
+            await kube.post_event(owner, "ChildDeleted", message, warning=False)
+
+
+async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
+    await check_references(kube, spec)
+    podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
+    manifests = render_spec(spec, podmonitor_api=podmonitor_api)
+    for manifest in manifests:
+        await _apply(kube, body, manifest, spec.uid)
+    await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
+
+
+def _clamp_news(current: Mapping[str, Any], wanted: Manifest, applied: ModelSpec) -> bool:
+    """Whether this status write is the first to report a clamped batch size for this spec.
+
+    Said once per spec generation (or change of the effective size): a resync or a rollout's
+    progress rewrites the status without repeating the warning.
+    """
+    if not applied.batch_size_clamped:
+        return False
+    before = current.get("batching", {}).get("maxBatchSize")
+    new_generation = current.get("observedGeneration") != wanted["observedGeneration"]
+    return bool(new_generation or before != wanted["batching"]["maxBatchSize"])
+
+
+async def _status(
+    kube: KubeClient, body: Manifest, applied: ModelSpec | None, error: SpecError | None
+) -> Observation:
+    """Write the status if it changed; `applied` is the spec whose children were applied."""
+    metadata = body["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    generation = int(metadata.get("generation", 0))
+    deployment = await kube.get("Deployment", namespace, name)
+    if deployment is not None and not _owned_by(deployment, metadata.get("uid", "")):
+        deployment = None
+    problem = None
+    if deployment is not None:
+        problem = pod_problem(await kube.select("Pod", namespace, selector_for(name)))
+    scaling = applied.autoscaling if applied is not None else None
+    fewest = scaling.min_replicas if scaling is not None and scaling.enabled else None
+    observation = observe(deployment, error, pods=problem, fewest=fewest)
+    if applied is not None:
+        extra = await dependency_conditions(kube, applied)
+        observation = replace(observation, conditions=observation.conditions + extra)
+    current = body.get("status", {})
+    conditions, flipped = merge_conditions(
+        current.get("conditions", []),
+        observation.conditions,
+        generation,
+        datetime.datetime.now(datetime.UTC),
+    )
+    url = service_url(applied) if applied is not None else str(current.get("url", ""))
+    # The settings the sidecars run with: those of the last spec that was applied.
+    batching = applied.sidecar_batching.as_file() if applied is not None else None
+    wanted = desired_status(
+        observation, conditions, generation=generation, url=url, batching=batching
+    )
+    if all(current.get(key) == value for key, value in wanted.items()):
+        return observation
+    await kube.merge_patch(
+        "BatchedModel", namespace, name, {"status": wanted}, subresource="status"
+    )
+    if applied is not None and _clamp_news(current, wanted, applied):
+        limit = applied.model_max_batch_size
+        message = (
+            f"batching.maxBatchSize {applied.batching.max_batch_size} (the spec's or the "
+            f"operator's default) exceeds spec.model.maxBatchSize {limit}: the sidecars send "
+            f"batches of at most {limit}"
+        )
+        await kube.post_event(body, "BatchSizeClamped", message, warning=True)
+    had = {item.get("type") for item in current.get("conditions", [])}
+    for condition in flipped:
+        if condition.type == "Degraded" and condition.type not in had and not condition.status:
+            continue  # "not degraded" on creation is no news
+        unwelcome = condition.status == (condition.type == "Degraded")
+        message = f"{condition.type}: {condition.message}"
+        warning = unwelcome and condition.type != "Progressing"
+        await kube.post_event(body, condition.reason, message, warning=warning)
+    return observation
+
+
+async def _converge(
+    runtime: Runtime, namespace: str, name: str, logger: kopf.Logger
+) -> Observation | None:
+    """One pass over one BatchedModel; None when it is gone or going."""
+    kube = runtime.kube
+    try:
+        body = await kube.get("BatchedModel", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None  # garbage collection removes the children
+        applied: ModelSpec | None = None
+        error: SpecError | None = None
+        try:
+            spec = parse(body, defaults=runtime.defaults)
+            await _children(kube, body, spec)
+            applied = spec
+        except SpecError as problem:
+            # Retrying cannot fix a spec; the status (and one event) say what is wrong until
+            # it changes, so each resync need not repeat it above debug level.
+            logger.debug(f"cannot realise {namespace}/{name}: {problem.message}")
+            error = problem
+        except ApiError as problem:
+            if problem.transient:
+                raise
+            error = SpecError("Rejected", f"the API server refused a child: {problem.message}")
+        return await _status(kube, body, applied, error)
+    except ApiError as problem:
+        raise _retry(problem) from problem
+
+
+def _condition(observation: Observation, kind: str) -> bool:
+    return any(item.status for item in observation.conditions if item.type == kind)
+
+
+async def reconcile(runtime: Runtime, namespace: str, name: str, logger: kopf.Logger) -> None:
+    """Level-triggered: read the BatchedModel afresh, then fix its children and status."""
+    metrics = runtime.metrics
+    async with runtime.locks[namespace, name]:
+        started = time.monotonic()
+        try:
+            observation = await _converge(runtime, namespace, name, logger)
+        except Exception:
+            metrics.reconciled("error", time.monotonic() - started)
+            raise
+        if observation is None:
+            metrics.forget(namespace, name)
+            result = "success"
+        else:
+            metrics.saw(namespace, name, ready=_condition(observation, "Ready"))
+            result = "degraded" if _condition(observation, "Degraded") else "success"
+        metrics.reconciled(result, time.monotonic() - started)

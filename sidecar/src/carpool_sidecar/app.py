@@ -1,0 +1,265 @@
+"""The sidecar's HTTP front: routes and middleware over the DataPlane.
+
+Handlers are thin: parse with a codec (`oip`, `oip_generate`, `kserve_v1`), call the data
+plane, encode.
+The middleware is the one place errors become HTTP. The object graph comes from `build`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.metadata import version
+from typing import cast
+
+import orjson
+from aiohttp import hdrs, web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from carpool.contract.metadata import TensorSpec
+from carpool.engine.errors import CLIENT_GONE, SidecarError
+from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
+from carpool_sidecar import operations as op
+from carpool_sidecar.build import Sidecar, build_sidecar
+from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.inference import MODEL_VERSION
+from carpool_sidecar.operations import Operation
+from carpool_sidecar.supervision import supervised
+
+log = logging.getLogger(__name__)
+
+SIDECAR = web.AppKey("sidecar", Sidecar)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(
+    document: object, status: int = 200, extra: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(document), status=status, headers=extra, content_type="application/json"
+    )
+
+
+def error_response(status: int, message: str, extra: dict[str, str] | None = None) -> web.Response:
+    return json_response(bodies.Error(error=message), status, extra)
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[SIDECAR].metrics
+    counted = request.match_info.route.name in INFERENCE_ROUTES
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response: web.StreamResponse | None = None
+    try:
+        try:
+            response = await handler(request)
+        except SidecarError as error:
+            if error.rejected_reason is not None:
+                metrics.reject(error.rejected_reason)
+            response = error_response(error.status, error.message, error.headers)
+            if error.close_connection:
+                response.force_close()
+        except web.HTTPException as error:
+            # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
+            response = error_response(error.status, error.reason)
+        except Exception:
+            log.exception("unexpected error in %s %s", request.method, request.path)
+            response = error_response(500, "internal error; see the sidecar log")
+        return response
+    finally:
+        if counted:
+            # No response: the handler was cancelled because the client left.
+            status = CLIENT_GONE if response is None else response.status
+            metrics.answered(status, loop.time() - started, "rest")
+
+
+async def read_body(request: web.Request, deadline: float) -> bytearray:
+    sidecar = request.app[SIDECAR]
+    return await reading.read_body(
+        request.content,
+        request.content_length,
+        max_bytes=sidecar.config.max_body_bytes,
+        budget=sidecar.reading,
+        idle_s=sidecar.config.body_timeout_s,
+        deadline=deadline,
+    )
+
+
+def check_model(request: web.Request) -> DataPlane:
+    """The data plane, once the path names its model (and version, if any)."""
+    dataplane = request.app[SIDECAR].dataplane
+    dataplane.check_model(request.match_info["name"], request.match_info.get("version"))
+    return dataplane
+
+
+async def write_parts(
+    request: web.Request, parts: list[bytes | memoryview], extra: dict[str, str]
+) -> web.StreamResponse:
+    """Send a body given in parts (a JSON header, then binary outputs) without joining them."""
+    if len(parts) == 1:
+        return web.Response(body=parts[0], headers=extra)
+    response = web.StreamResponse(headers=extra)
+    response.content_length = sum(len(part) for part in parts)
+    await response.prepare(request)
+    for part in parts:
+        await response.write(part)
+    await response.write_eof()
+    return response
+
+
+async def v2_infer(request: web.Request) -> web.StreamResponse:
+    # The deadline counts from here, not from when the body has been read and parsed.
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
+    timeout_ms = headers.timeout_ms(request.headers)
+    header_length = headers.json_header_length(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    infer_request = oip.parse_request(body, header_length, dataplane.bounds())
+    response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
+    parts, extra = oip.encode_response(response)
+    return await write_parts(request, parts, extra)
+
+
+async def v1_predict(request: web.Request) -> web.Response:
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
+    timeout_ms = headers.timeout_ms(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    infer_request = kserve_v1.parse_request(body, dataplane.metadata(), dataplane.bounds())
+    response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
+    return web.Response(body=kserve_v1.encode_response(response), content_type="application/json")
+
+
+async def v2_generate(request: web.Request) -> web.Response:
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
+    timeout_ms = headers.timeout_ms(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    generate_request = oip_generate.parse_request(body)
+    response = await dataplane.generate(generate_request, timeout_ms, arrived_at)
+    return web.Response(
+        body=oip_generate.encode_response(response), content_type="application/json"
+    )
+
+
+async def live(request: web.Request) -> web.Response:
+    # Not live once a background task has died: the kubelet restarts the container.
+    is_live = request.app[SIDECAR].dataplane.live
+    return json_response(bodies.Live(live=is_live), status=200 if is_live else 503)
+
+
+async def v1_live(request: web.Request) -> web.Response:
+    # KServe v1 clients check liveness at the root; this answers while the process does.
+    return json_response(bodies.V1Live(status="alive"))
+
+
+async def ready(request: web.Request) -> web.Response:
+    is_ready = request.app[SIDECAR].dataplane.ready
+    return json_response(bodies.Ready(ready=is_ready), status=200 if is_ready else 503)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return json_response(
+        bodies.ServerMetadata(
+            name="carpool", version=version("carpool"), extensions=["binary_tensor_data"]
+        )
+    )
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    dataplane = check_model(request)
+    metadata = dataplane.metadata()
+    return json_response(
+        bodies.ModelMetadata(
+            name=dataplane.model_name,
+            versions=[MODEL_VERSION],
+            platform=metadata.platform,
+            inputs=[_tensor(spec) for spec in metadata.inputs],
+            outputs=[_tensor(spec) for spec in metadata.outputs],
+        )
+    )
+
+
+def _tensor(spec: TensorSpec) -> bodies.TensorMetadata:
+    return cast(bodies.TensorMetadata, spec.as_v2())
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    dataplane = check_model(request)
+    is_ready = dataplane.ready
+    body = bodies.ModelReady(name=dataplane.model_name, ready=is_ready)
+    return json_response(body, status=200 if is_ready else 503)
+
+
+@functools.cache
+def _openapi_body() -> bytes:
+    # Rendering takes tens of milliseconds (pydantic); the routes never change.
+    table = [(method, path, operation) for method, path, _, operation, _ in ROUTES]
+    return orjson.dumps(openapi.document(table, version("carpool")))
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.Response(body=_openapi_body(), content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[SIDECAR].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# (method, path, handler, what it takes and answers, route name)
+ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
+    ("GET", "/", v1_live, op.V1_LIVE, None),
+    ("GET", "/v2/health/live", live, op.LIVE, None),
+    ("GET", "/v2/health/ready", ready, op.READY, None),
+    ("GET", "/v2", server_metadata, op.SERVER_METADATA, None),
+    ("GET", "/v2/models/{name}", model_metadata, op.MODEL_METADATA, None),
+    ("GET", "/v2/models/{name}/versions/{version}", model_metadata, op.MODEL_METADATA, None),
+    ("GET", "/v2/models/{name}/ready", model_ready, op.MODEL_READY, None),
+    ("GET", "/v2/models/{name}/versions/{version}/ready", model_ready, op.MODEL_READY, None),
+    ("POST", "/v2/models/{name}/infer", v2_infer, op.INFER, "v2-infer"),
+    ("POST", "/v2/models/{name}/versions/{version}/infer", v2_infer, op.INFER, "v2-infer-version"),
+    ("POST", "/v2/models/{name}/generate", v2_generate, op.GENERATE, "v2-generate"),
+    ("POST", "/v2/models/{name}/versions/{version}/generate", v2_generate, op.GENERATE,
+     "v2-generate-version"),
+    ("GET", "/v1/models/{name:[^/:]+}", model_ready, op.MODEL_READY, None),
+    ("POST", "/v1/models/{name:[^/:]+}:predict", v1_predict, op.PREDICT, "v1-predict"),
+    ("GET", "/metrics", metrics, op.METRICS, None),
+    ("GET", "/openapi.json", openapi_document, op.OPENAPI, None),
+]  # fmt: skip
+# Routes whose requests count in carpool_requests_total and its duration histogram.
+INFERENCE_ROUTES = frozenset(name for *_, name in ROUTES if name is not None)
+
+
+async def background(app: web.Application) -> AsyncIterator[None]:
+    """The sidecar's background tasks run while the app does; the client closes after them."""
+    sidecar = app[SIDECAR]
+    async with supervised(sidecar.jobs(), sidecar.job_died):
+        yield
+    await sidecar.client.close()
+
+
+async def close_when_stopping(request: web.Request, response: web.StreamResponse) -> None:
+    """From SIGTERM on, every answer says Connection: close, so keep-alive clients reconnect
+    (elsewhere) rather than reuse a connection that is about to close."""
+    if request.app[SIDECAR].dataplane.stopping:
+        response.force_close()
+        # The hook runs after aiohttp wrote the Connection header from keep_alive.
+        response.headers[hdrs.CONNECTION] = "close"
+
+
+async def create_app(config: SidecarConfig, registry: CollectorRegistry) -> web.Application:
+    """The sidecar app; its background tasks start and stop with it."""
+    # Bodies are read by `reading.read_body`, which enforces max_body_bytes itself.
+    app = web.Application(middlewares=[errors_and_metrics], client_max_size=config.max_body_bytes)
+    app[SIDECAR] = build_sidecar(config, registry)
+    app.cleanup_ctx.append(background)
+    app.on_response_prepare.append(close_when_stopping)
+    for method, path, handler, _, name in ROUTES:
+        app.router.add_route(method, path, handler, name=name)
+    return app

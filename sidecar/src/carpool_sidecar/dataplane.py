@@ -1,0 +1,293 @@
+"""The sidecar's logic between the HTTP routes and the batching engine.
+
+Protocol-neutral: the v2 and v1 routes (and any other front end) hand it an InferRequest,
+the generate route a GenerateRequest.
+It checks a request against the model's metadata, cuts it into items, picks the batch
+group (BatchKey) and deadline, awaits the results and stacks them back into whole tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from carpool.contract.generation import TEXT_OUTPUT
+from carpool.contract.metadata import ModelMetadata, TensorSpec
+from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
+from carpool.engine.batcher import Batcher
+from carpool.engine.bounds import RequestBounds
+from carpool.engine.errors import (
+    BadModelResponse,
+    BadRequest,
+    ModelError,
+    ModelNotFound,
+    Unavailable,
+)
+from carpool.engine.pending import BatchKey
+from carpool_sidecar import generation
+from carpool_sidecar.generation import GenerateRequest, GenerateResponse
+from carpool_sidecar.health import ModelState
+from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
+from carpool_sidecar.tensors import RequestTensor, element_count, split, stack
+
+# Below this length padding costs less than splitting the traffic into more, smaller batches.
+MIN_BUCKET = 64
+
+
+def length_bucket(length: int) -> int:
+    """The power of two at or above `length` (at least MIN_BUCKET): items in one bucket pad
+    to at most double, or to MIN_BUCKET."""
+    return max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+
+
+class DataPlane:
+    def __init__(self, model_name: str, batcher: Batcher, state: ModelState) -> None:
+        self.model_name = model_name
+        self.batcher = batcher
+        self.state = state
+        # Why the sidecar cannot serve any more (a background task died), else None.
+        self.broken: str | None = None
+        # SIGTERM came: not ready, and every answer closes its connection.
+        self.stopping = False
+
+    @property
+    def live(self) -> bool:
+        return self.broken is None
+
+    @property
+    def ready(self) -> bool:
+        return self.live and self.state.ready and not self.stopping and not self.batcher.draining
+
+    def stop_soon(self) -> None:
+        """Turn not ready and close connections after their answers, still serving."""
+        self.stopping = True
+
+    def mark_broken(self, reason: str) -> None:
+        """Stop serving for good: not live, not ready, every request 503."""
+        self.broken = reason
+
+    def check_model(self, name: str, version: str | None = None) -> None:
+        if name != self.model_name:
+            raise ModelNotFound(f"unknown model {name!r}; this sidecar serves {self.model_name!r}")
+        if version is not None and version != MODEL_VERSION:
+            raise ModelNotFound(
+                f"unknown version {version!r} of model {name!r}; it has version {MODEL_VERSION!r}"
+            )
+
+    def metadata(self) -> ModelMetadata:
+        metadata = self.state.metadata
+        if self.broken is not None:
+            raise Unavailable(f"the sidecar is broken: {self.broken}")
+        if not self.state.ready or metadata is None:
+            raise Unavailable("model server is not ready")
+        return metadata
+
+    def bounds(self) -> RequestBounds:
+        """What one request may hold, for the codecs to check before converting its data."""
+        return self.batcher.bounds
+
+    def deadline(self, arrived_at: float, *timeouts_ms: float | None) -> float:
+        """Loop time by which a request that arrived at `arrived_at` is answered: the
+        shortest of the configured timeout and those the caller gave."""
+        timeout_ms = min(
+            value for value in (self.batcher.settings.timeout_ms, *timeouts_ms) if value is not None
+        )
+        return arrived_at + timeout_ms / 1000
+
+    async def infer(
+        self, request: InferRequest, header_timeout_ms: float | None, arrived_at: float
+    ) -> InferResponse:
+        """Answer `request`; its deadline counts from `arrived_at` (loop time), before the
+        body was read and parsed."""
+        metadata = self.metadata()
+        inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
+        output_names = _output_names(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        results = await self._submit(inputs, metadata, deadline, request.priority)
+        outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
+        binary = _binary_outputs(request, output_names)
+        return InferResponse(self.model_name, request.id, outputs, binary)
+
+    async def generate(
+        self, request: GenerateRequest, header_timeout_ms: float | None, arrived_at: float
+    ) -> GenerateResponse:
+        """Generate text for one prompt, batched with other requests (/infer ones too) whose
+        prompt length and max_new_tokens fall in the same buckets."""
+        metadata = self.metadata()
+        inputs = generation.model_inputs(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        results = await self._submit(inputs, metadata, deadline, request.priority)
+        (output,) = _output_of_items(TEXT_OUTPUT, results)
+        return GenerateResponse(self.model_name, generation.text_of(output))
+
+    async def _submit(
+        self,
+        inputs: Sequence[RequestTensor],
+        metadata: ModelMetadata,
+        deadline: float,
+        priority: int,
+    ) -> Sequence[ItemResult]:
+        """Check the inputs, cut them into items and await one result per item."""
+        count = _check_inputs(inputs, metadata)
+        nbytes = sum(tensor.nbytes for tensor in inputs)
+        # Before the items are cut: an oversized request costs no per-item objects.
+        bounds = self.bounds()
+        bounds.check_items(count)
+        bounds.check_bytes(nbytes)
+        key, lengths = _batch_key(inputs, metadata)
+        return await self.batcher.submit(
+            _items(inputs, count), key, deadline, priority=priority, lengths=lengths, nbytes=nbytes
+        )
+
+
+def _as_column(tensor: RequestTensor, metadata: ModelMetadata) -> RequestTensor:
+    """Text shaped [n] for a model that takes [-1, 1], as [n, 1] (as KServe's and MLServer's
+    text runtimes accept it)."""
+    spec = metadata.input(tensor.name)
+    if (
+        spec is not None
+        and tensor.datatype == BYTES
+        and spec.shape == (1,)
+        and len(tensor.shape) == 1
+    ):
+        return dataclasses.replace(tensor, shape=(tensor.items, 1))
+    return tensor
+
+
+def _check_inputs(inputs: Sequence[RequestTensor], metadata: ModelMetadata) -> int:
+    """The request's item count, after checking its inputs against the model's."""
+    given = {tensor.name for tensor in inputs}
+    if len(given) != len(inputs):
+        raise BadRequest("an input name appears twice")
+    missing = [spec.name for spec in metadata.inputs if spec.name not in given]
+    if missing:
+        raise BadRequest(f"missing inputs {missing}; the model takes {_names(metadata.inputs)}")
+    count = inputs[0].items
+    for tensor in inputs:
+        spec = metadata.input(tensor.name)
+        if spec is None:
+            raise BadRequest(
+                f"unknown input {tensor.name!r}; the model takes {_names(metadata.inputs)}"
+            )
+        if tensor.datatype != spec.datatype:
+            raise BadRequest(
+                f"input {tensor.name!r}: datatype {tensor.datatype}, "
+                f"the model takes {spec.datatype}"
+            )
+        item_shape = tensor.shape[1:]
+        if len(item_shape) != len(spec.shape) or any(
+            want not in (-1, have) for want, have in zip(spec.shape, item_shape, strict=True)
+        ):
+            raise BadRequest(
+                f"input {tensor.name!r}: shape {list(tensor.shape)}, the model takes "
+                f"{[-1, *spec.shape]}"
+            )
+        if tensor.items != count:
+            raise BadRequest(
+                f"inputs disagree on the batch dimension: {inputs[0].name!r} has {count}, "
+                f"{tensor.name!r} has {tensor.items}"
+            )
+        _check_limits(tensor, spec)
+    return count
+
+
+def _check_limits(tensor: RequestTensor, spec: TensorSpec) -> None:
+    """The handler's per-item limits from the metadata, checked before anything is queued."""
+    if (error := spec.limit_error(tensor.shape[1:], tensor.data)) is not None:
+        raise BadRequest(error)
+
+
+def _output_names(request: InferRequest, metadata: ModelMetadata) -> list[str]:
+    if request.outputs is None:
+        return [spec.name for spec in metadata.outputs]
+    for output in request.outputs:
+        if metadata.output(output.name) is None:
+            raise BadRequest(
+                f"unknown output {output.name!r}; the model gives {_names(metadata.outputs)}"
+            )
+    return [output.name for output in request.outputs]
+
+
+def _binary_outputs(request: InferRequest, output_names: list[str]) -> frozenset[str]:
+    """An output's own `binary_data` wins over the request's `binary_data_output`."""
+    if request.outputs is None:
+        return frozenset(output_names) if request.binary_output else frozenset()
+    return frozenset(
+        output.name
+        for output in request.outputs
+        if (request.binary_output if output.binary is None else output.binary)
+    )
+
+
+def _names(specs: Sequence[TensorSpec]) -> list[str]:
+    return [spec.name for spec in specs]
+
+
+def _batch_key(
+    inputs: Sequence[RequestTensor], metadata: ModelMetadata
+) -> tuple[BatchKey, list[int] | None]:
+    """The group of the request's items, and their lengths when they vary in length.
+
+    Numeric items share a batch only when their shapes are equal, since a handler stacks
+    them, unless the handler pads variable dimensions (`pads_variable_dims`): then items of
+    any shape within one length bucket share a batch. BYTES items always go by length bucket:
+    a handler takes their elements as a list. An item's length is the largest, over its
+    inputs, of the element count of the variable dimensions (padded numeric) or of the
+    longest element in bytes (BYTES: a cheap proxy for the token count). Text generation
+    items also group by their `max_new_tokens` bucket (`generation.settings_bucket`).
+    """
+    by_name = {tensor.name: tensor for tensor in inputs}
+    signature = []
+    lengths: npt.NDArray[np.int64] | None = None
+    for spec in metadata.inputs:
+        tensor = by_name[spec.name]
+        item_shape = tensor.shape[1:]
+        padded = spec.variable and (isinstance(tensor.data, list) or metadata.pads_variable_dims)
+        signature.append((spec.name, spec.datatype, spec.shape if padded else item_shape))
+        if isinstance(tensor.data, list):
+            per_item = element_count(item_shape)
+            sizes = np.fromiter(map(len, tensor.data), dtype=np.int64, count=len(tensor.data))
+            if not per_item:
+                continue
+            item_lengths = sizes.reshape(tensor.items, per_item).max(axis=1)
+        elif padded:
+            varying = [
+                have for want, have in zip(spec.shape, item_shape, strict=True) if want == -1
+            ]
+            item_lengths = np.full(tensor.items, element_count(varying), dtype=np.int64)
+        else:
+            continue
+        lengths = item_lengths if lengths is None else np.maximum(lengths, item_lengths)
+    settings = generation.settings_bucket(inputs)
+    if lengths is None:
+        return BatchKey(tuple(signature), settings=settings), None
+    bucket = length_bucket(int(lengths.max()))
+    return BatchKey(tuple(signature), bucket, settings), lengths.tolist()
+
+
+def _items(inputs: Sequence[RequestTensor], count: int) -> list[Item]:
+    columns = [(tensor.name, split(tensor)) for tensor in inputs]
+    if len(columns) == 1:
+        name, parts = columns[0]
+        return [{name: part} for part in parts]
+    return [{name: parts[index] for name, parts in columns} for index in range(count)]
+
+
+def _output_of_items(name: str, results: Sequence[ItemResult]) -> list[Tensor]:
+    tensors = []
+    for result in results:
+        if result.error is not None:
+            raise ModelError(result.error, _error_status(result.status))
+        tensor = (result.outputs or {}).get(name)
+        if tensor is None:
+            raise BadModelResponse(f"model server result lacks output {name!r}")
+        tensors.append(tensor)
+    return tensors
+
+
+def _error_status(status: int) -> int:
+    """The model server's status for a failed item, if it is an error status; else 502."""
+    return status if 400 <= status <= 599 else BadModelResponse.status

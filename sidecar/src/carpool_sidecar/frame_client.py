@@ -1,0 +1,116 @@
+"""Batches to the model server over one long-lived framed connection (`carpool.contract.frames`).
+
+The connection opens with the first batch and again with the first batch after it broke;
+every batch in flight when it breaks fails with ModelUnreachable at once. A batch whose
+caller gives up is cancelled on the model server, as an HTTP disconnect would cancel it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+from carpool.contract import frames, wire
+from carpool.engine.errors import BadModelResponse, ModelUnreachable, SidecarError, Unavailable
+
+Answer = tuple[int, bytes]
+
+
+class _Link:
+    """One open connection and the batches waiting on it; a reader task owns its input."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._waiting: dict[int, asyncio.Future[Answer]] = {}
+        self._ids = itertools.count()
+        self._reading = asyncio.create_task(self._read(reader), name="carpool-model-frames")
+
+    @property
+    def broken(self) -> bool:
+        return self._reading.done()
+
+    async def call(self, body: bytes) -> Answer:
+        if self.broken:  # its reader would never answer
+            raise ModelUnreachable("model server connection closed")
+        request_id = next(self._ids) % frames.ID_MODULUS
+        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = answer
+        try:
+            self._writer.writelines([frames.header(len(body), request_id, frames.BATCH), body])
+            await self._writer.drain()
+            return await answer
+        except ConnectionError as error:
+            raise ModelUnreachable(f"model server connection broke: {error!r}") from error
+        finally:
+            if self._waiting.pop(request_id, None) is not None and not self._writer.is_closing():
+                # Given up on (timeout, cancelled caller): the model server may skip it.
+                self._writer.write(frames.header(0, request_id, frames.CANCEL))
+
+    async def close(self) -> None:
+        self._reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reading
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        failure: SidecarError = ModelUnreachable("model server connection closed")
+        try:
+            while True:
+                head = await reader.readexactly(frames.HEADER.size)
+                length, request_id, code = frames.HEADER.unpack(head)
+                if length > wire.MAX_BODY_BYTES:
+                    failure = BadModelResponse(f"model server sent a frame of {length} bytes")
+                    return
+                payload = await reader.readexactly(length)
+                answer = self._waiting.pop(request_id, None)
+                if answer is not None and not answer.done():
+                    answer.set_result((code, payload))
+        except (asyncio.IncompleteReadError, ConnectionError) as error:
+            failure = ModelUnreachable(f"model server connection broke: {error!r}")
+        finally:
+            self._writer.close()
+            for answer in self._waiting.values():
+                if not answer.done():  # one instance each: tracebacks are per raise
+                    answer.set_exception(type(failure)(str(failure)))
+            self._waiting.clear()
+
+
+class FramedBatches:
+    """The batch path to a model server's framed socket."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._link: _Link | None = None
+        self._opening = asyncio.Lock()
+
+    async def send(self, body: bytes, timeout_s: float) -> bytes:
+        """One batch round trip: the wire response body; SidecarError on any failure."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                link = await self._connected()
+                code, payload = await link.call(body)
+        except TimeoutError as error:
+            raise Unavailable(f"model server did not answer within {timeout_s:.3f} s") from error
+        if code != frames.OK:
+            detail = payload[:300].decode(errors="replace")
+            raise Unavailable(f"model server answered {code}: {detail}")
+        return payload
+
+    async def close(self) -> None:
+        if self._link is not None:
+            await self._link.close()
+            self._link = None
+
+    async def _connected(self) -> _Link:
+        async with self._opening:
+            if self._link is not None and self._link.broken:
+                await self.close()
+            if self._link is None:
+                try:
+                    reader, writer = await asyncio.open_unix_connection(
+                        self._path, limit=wire.MAX_BODY_BYTES
+                    )
+                except OSError as error:
+                    raise ModelUnreachable(f"model server unreachable: {error!r}") from error
+                self._link = _Link(reader, writer)
+            return self._link

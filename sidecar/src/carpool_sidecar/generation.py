@@ -1,0 +1,116 @@
+"""Text generation as the data plane sees it: one prompt and its settings, as model inputs.
+
+Protocol-neutral, as `inference.py` is for inference: the generate route's codec
+(`oip_generate`) yields a GenerateRequest, and the data plane turns it into the items of a
+model that takes `text_input` (the built-in `text-generation` handler, or any handler with
+these input names). Every setting the model declares is sent on every item, its default
+filled in, so that requests with and without a setting share one shape signature.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from carpool.contract.generation import (
+    DEFAULT_MAX_NEW_TOKENS,
+    MAX_NEW_TOKENS,
+    STOP,
+    TEMPERATURE,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
+from carpool.contract.metadata import ModelMetadata
+from carpool.contract.wire import BYTES, Tensor
+from carpool.engine.errors import BadModelResponse, BadRequest
+from carpool_sidecar.tensors import RequestTensor, from_json, json_values
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    text_input: str
+    # None: not given; the model's default is sent where the model takes the setting.
+    max_new_tokens: int | None = None
+    temperature: float | None = None  # 0: greedy
+    stop: tuple[str, ...] | None = None
+    priority: int = 0
+    # The caller's own deadline; only ever shortens the configured timeout.
+    timeout_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResponse:
+    model_name: str
+    text_output: str
+
+
+def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[RequestTensor]:
+    """The request as one item of the model's inputs; BadRequest when the model does not
+    generate text or does not take a setting the request gives."""
+    _check_generates(metadata)
+    given: list[tuple[str, object, object]] = [
+        (MAX_NEW_TOKENS, request.max_new_tokens, DEFAULT_MAX_NEW_TOKENS),
+        (TEMPERATURE, request.temperature, 0.0),
+        # An empty stop string stops nothing; one element keeps the item's shape [1].
+        (STOP, request.stop or None, ("",)),
+    ]
+    inputs = [_tensor(TEXT_INPUT, BYTES, [request.text_input])]
+    for name, value, default in given:
+        spec = metadata.input(name)
+        if spec is None:
+            if value is not None:
+                raise BadRequest(f"parameter {name!r}: model {metadata.name!r} takes no {name}")
+            continue
+        chosen = default if value is None else value
+        inputs.append(_tensor(name, spec.datatype, list(_as_sequence(chosen))))
+    return inputs
+
+
+def _check_generates(metadata: ModelMetadata) -> None:
+    """BadRequest unless the model takes a `text_input` and gives a `text_output`, as text."""
+    for kind, name, spec in (
+        ("input", TEXT_INPUT, metadata.input(TEXT_INPUT)),
+        ("output", TEXT_OUTPUT, metadata.output(TEXT_OUTPUT)),
+    ):
+        if spec is None or spec.datatype != BYTES:
+            raise BadRequest(
+                f"model {metadata.name!r} has no BYTES {kind} {name!r}: it does not generate "
+                "text; use /infer"
+            )
+
+
+def settings_bucket(inputs: Sequence[RequestTensor]) -> int | None:
+    """The power of two at or above the largest `max_new_tokens` of the request's items, or
+    None when the model takes no such input: a batch generates until its longest row is
+    done, so a short request should not share a batch with a much longer one."""
+    tensor = next((each for each in inputs if each.name == MAX_NEW_TOKENS), None)
+    if tensor is None or isinstance(tensor.data, list) or not tensor.data.size:
+        return None
+    values = json_values(tensor)  # BF16 and FP16 as float32
+    assert not isinstance(values, list)
+    largest = float(values.max())
+    if not math.isfinite(largest) or largest < 1:
+        return None  # the model refuses such an item; any group will do
+    return 1 << (math.ceil(largest) - 1).bit_length()
+
+
+def text_of(output: Tensor) -> str:
+    """The generated text of one item's `text_output`."""
+    if output.datatype != BYTES or not isinstance(output.data, list) or len(output.data) != 1:
+        raise BadModelResponse(
+            f"{TEXT_OUTPUT!r} must be one BYTES element, got {output.datatype}{list(output.shape)}"
+        )
+    try:
+        return output.data[0].decode()
+    except UnicodeDecodeError as error:
+        raise BadModelResponse(f"{TEXT_OUTPUT!r} is not UTF-8 text: {error}") from None
+
+
+def _tensor(name: str, datatype: str, values: list[object]) -> RequestTensor:
+    shape = (1, len(values))
+    return RequestTensor(name, datatype, shape, from_json(name, datatype, shape, values))
+
+
+def _as_sequence(value: object) -> Sequence[object]:
+    return value if isinstance(value, tuple | list) else (value,)

@@ -1,0 +1,78 @@
+"""The gRPC server's lifecycle: it serves while the block runs and stops after the drain.
+
+    async with serving(config, dataplane, metrics):
+        ...   # wait for SIGTERM, then drain the batcher: queued gRPC calls get answers
+    # here the server has stopped, every call answered or ended
+
+On the way out every health service turns NOT_SERVING, then grpc.aio finishes the calls in
+flight within the grace and refuses new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from carpool.contract.oip_grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
+from carpool.engine.metrics import SidecarMetrics
+from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.grpc.health import HealthFollower
+from carpool_sidecar.grpc.servicer import InferenceServicer
+
+log = logging.getLogger(__name__)
+
+# Past the drain every accepted call has its answer; this only bounds sending them.
+STOP_GRACE_S = 5.0
+
+
+def options(config: SidecarConfig) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", config.grpc_message_limit),
+        ("grpc.max_send_message_length", config.grpc_message_limit),
+        # Without this a second sidecar on the same port would share its traffic silently.
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def _report_early_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        log.error("gRPC health task ended early", exc_info=task.exception())
+
+
+@asynccontextmanager
+async def serving(
+    config: SidecarConfig, dataplane: DataPlane, metrics: SidecarMetrics
+) -> AsyncIterator[None]:
+    """Serve `inference.GRPCInferenceService` and `grpc.health.v1.Health` on
+    `config.grpc_port` while the block runs; port 0 serves nothing."""
+    if not config.grpc_port:
+        yield
+        return
+    server = grpc.aio.server(options=options(config))
+    add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, metrics), server)
+    health = HealthFollower(dataplane)
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    address = f"{config.host}:{config.grpc_port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:  # grpcio's way of saying the port is taken
+        raise OSError(errno.EADDRINUSE, "address in use or not allowed") from error
+    await server.start()
+    follower = asyncio.create_task(health.follow(), name="grpc-health")
+    follower.add_done_callback(_report_early_end)
+    log.info("gRPC for %r listening on %s", config.model_name, address)
+    try:
+        yield
+    finally:
+        await health.shut_down()
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+        await server.stop(STOP_GRACE_S)
+        log.info("gRPC stopped")

@@ -1,0 +1,132 @@
+"""`inference.GRPCInferenceService`: thin RPC methods over the sidecar's DataPlane.
+
+ModelInfer shares the batcher with the REST routes, so gRPC and REST callers of one model
+ride in the same batches. The call's gRPC deadline is the request's deadline, and a call
+the client cancels cancels its queued items (grpc.aio cancels the method's task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from importlib.metadata import version
+
+from carpool.contract.oip_grpc.inference_pb2 import (
+    ModelInferRequest,
+    ModelInferResponse,
+    ModelMetadataRequest,
+    ModelMetadataResponse,
+    ModelReadyRequest,
+    ModelReadyResponse,
+    ServerLiveRequest,
+    ServerLiveResponse,
+    ServerMetadataRequest,
+    ServerMetadataResponse,
+    ServerReadyRequest,
+    ServerReadyResponse,
+)
+from carpool.contract.oip_grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
+from carpool.engine.errors import CLIENT_GONE, DeadlineExceeded, SidecarError
+from carpool.engine.metrics import SidecarMetrics
+from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.grpc import codec, status
+from carpool_sidecar.grpc.status import Context
+from carpool_sidecar.inference import MODEL_VERSION
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "grpc"
+# Metrics count answers by the HTTP status a REST caller would have got, so one dashboard
+# panel reads both protocols: a call that left before its answer counts as REST's
+# CLIENT_GONE (499), one whose deadline passed as DeadlineExceeded (504).
+CLOCK_SLACK_S = 0.01
+INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
+
+
+class InferenceServicer(GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane, metrics: SidecarMetrics) -> None:
+        self._dataplane = dataplane
+        self._metrics = metrics
+
+    async def ServerLive(self, request: ServerLiveRequest, context: Context) -> ServerLiveResponse:
+        return ServerLiveResponse(live=self._dataplane.live)
+
+    async def ServerReady(
+        self, request: ServerReadyRequest, context: Context
+    ) -> ServerReadyResponse:
+        return ServerReadyResponse(ready=self._dataplane.ready)
+
+    async def ModelReady(self, request: ModelReadyRequest, context: Context) -> ModelReadyResponse:
+        await self._check_model(request.name, request.version, context)
+        return ModelReadyResponse(ready=self._dataplane.ready)
+
+    async def ServerMetadata(
+        self, request: ServerMetadataRequest, context: Context
+    ) -> ServerMetadataResponse:
+        return ServerMetadataResponse(name="carpool", version=version("carpool"))
+
+    async def ModelMetadata(
+        self, request: ModelMetadataRequest, context: Context
+    ) -> ModelMetadataResponse:
+        await self._check_model(request.name, request.version, context)
+        try:
+            metadata = self._dataplane.metadata()
+        except SidecarError as error:
+            await status.abort(context, error)
+        tensor = ModelMetadataResponse.TensorMetadata
+        return ModelMetadataResponse(
+            name=self._dataplane.model_name,
+            versions=[MODEL_VERSION],
+            platform=metadata.platform,
+            inputs=[tensor(**spec.as_v2()) for spec in metadata.inputs],
+            outputs=[tensor(**spec.as_v2()) for spec in metadata.outputs],
+        )
+
+    async def ModelInfer(self, request: ModelInferRequest, context: Context) -> ModelInferResponse:
+        loop = asyncio.get_running_loop()
+        arrived_at = loop.time()
+        # Seconds left of the client's deadline; None when it set none.
+        remaining = context.time_remaining()
+
+        def answered(code: int) -> None:
+            # Counted before the status goes out, so a caller who reads /metrics sees it.
+            self._metrics.answered(code, loop.time() - arrived_at, PROTOCOL)
+
+        try:
+            response = await self._infer(request, arrived_at, remaining)
+        except SidecarError as error:
+            answered(error.status)
+            if error.rejected_reason is not None:
+                self._metrics.reject(error.rejected_reason)
+            await status.abort(context, error)
+        except asyncio.CancelledError:
+            # grpc.aio cancels the method at the deadline by its own clock, which may run a
+            # hair ahead of the loop's.
+            late = remaining is not None and loop.time() >= arrived_at + remaining - CLOCK_SLACK_S
+            answered(DeadlineExceeded.status if late else CLIENT_GONE)
+            raise
+        except Exception:
+            log.exception("unexpected error in ModelInfer")
+            answered(INTERNAL_ERROR.status)
+            await status.abort(context, INTERNAL_ERROR)
+        answered(200)
+        return response
+
+    async def _infer(
+        self,
+        request: ModelInferRequest,
+        arrived_at: float,
+        remaining: float | None,
+    ) -> ModelInferResponse:
+        dataplane = self._dataplane
+        dataplane.check_model(request.model_name, request.model_version or None)
+        infer_request = codec.parse_request(request)
+        deadline_ms = None if remaining is None else remaining * 1000
+        response = await dataplane.infer(infer_request, deadline_ms, arrived_at)
+        return codec.encode_response(response)
+
+    async def _check_model(self, name: str, model_version: str, context: Context) -> None:
+        try:
+            self._dataplane.check_model(name, model_version or None)
+        except SidecarError as error:
+            await status.abort(context, error)

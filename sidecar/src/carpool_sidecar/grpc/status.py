@@ -1,0 +1,26 @@
+"""The one place the sidecar's domain errors become gRPC status codes.
+
+Every SidecarError carries the HTTP status a REST caller gets; gRPC callers get the code
+that means the same, and the error's headers (Retry-After) as trailing metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import grpc
+
+from carpool.contract.oip_grpc.codes import code_of
+from carpool.engine.errors import SidecarError
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def trailing_metadata(error: SidecarError) -> tuple[tuple[str, str], ...]:
+    """The error's headers as gRPC metadata, whose keys are lower case (`retry-after`)."""
+    return tuple((key.lower(), value) for key, value in error.headers.items())
+
+
+async def abort(context: Context, error: SidecarError) -> NoReturn:
+    """End the call with the status for `error`; raises, as `context.abort` does."""
+    await context.abort(code_of(error.status), error.message, trailing_metadata(error))

@@ -1,0 +1,185 @@
+"""`carpool sidecar`: parse the settings, serve, drain on SIGTERM, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from carpool import event_loop
+from carpool.contract.batching import DISPATCH_MODES, Dispatch
+from carpool.contract.pod import MODEL_SERVER_URL
+from carpool.engine.settings import BatchingSettings, ConfigError
+from carpool_sidecar.app import SIDECAR, create_app
+from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.grpc import server as grpc_server
+
+log = logging.getLogger("carpool_sidecar")
+# After the drain every accepted request has its answer; this only bounds writing them out.
+SHUTDOWN_TIMEOUT_S = 5.0
+DEFAULTS = BatchingSettings()
+CONFIG = SidecarConfig(model_name="-", model_server=MODEL_SERVER_URL)
+F = TypeVar("F", bound=Callable[..., None])
+T = TypeVar("T")
+
+
+def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[F], F]:
+    envvar = "CARPOOL_" + flag.upper().replace("-", "_")
+    return click.option(
+        f"--{flag}", type=kind, default=default, envvar=envvar, show_default=True,
+        help=f"{help_text} [{envvar}]",
+    )  # fmt: skip
+
+
+@click.command("sidecar")
+@_option("model-name", str, None, "model name served in URLs (required)")
+@_option("model-server", str, MODEL_SERVER_URL, "unix://PATH or http://HOST:PORT")
+@_option("host", str, CONFIG.host, "listen address (0.0.0.0 in pods)")
+@_option("port", int, CONFIG.port, "listen port")
+@_option("config-file", click.Path(dir_okay=False), None, "batching settings JSON, live reload")
+@_option("max-batch-size", int, DEFAULTS.max_batch_size, "items per batch, at most")
+@_option("max-wait-ms", float, DEFAULTS.max_wait_ms, "longest a batch waits from its first item")
+@_option("max-inflight-batches", int, DEFAULTS.max_inflight_batches, "batches at the model at once")
+@_option("max-queue-items", int, DEFAULTS.max_queue_items, "queued items before 429")
+@_option("max-queue-bytes", int, DEFAULTS.max_queue_bytes, "queued tensor bytes before 429")
+@_option("timeout-ms", float, DEFAULTS.timeout_ms, "default and longest per-request deadline")
+@_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "when batches leave")
+@_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
+@_option("max-body-bytes", int, CONFIG.max_body_bytes, "largest request body (413 above)")
+@_option("body-timeout-seconds", float, CONFIG.body_timeout_s, "body idle this long: 408")
+@_option("max-reading-bytes", int, CONFIG.max_reading_bytes, "bodies being read: 503 above")
+@_option("drain-seconds", float, CONFIG.drain_seconds, "grace to finish queued work on SIGTERM")
+@_option("drain-delay-seconds", float, CONFIG.drain_delay_seconds, "not ready, still serving")
+@_option("grpc-port", int, CONFIG.grpc_port, "gRPC (Open Inference Protocol) listen port, 0: off")
+@_option("grpc-max-message-bytes", int, None, "largest gRPC message [default: max-body-bytes]")
+def command(
+    model_name: str | None,
+    model_server: str,
+    host: str,
+    port: int,
+    config_file: str | None,
+    max_batch_size: int,
+    max_wait_ms: float,
+    max_inflight_batches: int,
+    max_queue_items: int,
+    max_queue_bytes: int,
+    timeout_ms: float,
+    dispatch: Dispatch,
+    max_batch_tokens: int,
+    max_body_bytes: int,
+    body_timeout_seconds: float,
+    max_reading_bytes: int,
+    drain_seconds: float,
+    drain_delay_seconds: float,
+    grpc_port: int,
+    grpc_max_message_bytes: int | None,
+) -> None:
+    """Batch inference requests for a co-located model server."""
+    try:
+        if not model_name:
+            raise ConfigError("model-name: required (--model-name or CARPOOL_MODEL_NAME)")
+        batching = BatchingSettings(
+            max_batch_size=max_batch_size,
+            max_wait_ms=max_wait_ms,
+            max_inflight_batches=max_inflight_batches,
+            max_queue_items=max_queue_items,
+            max_queue_bytes=max_queue_bytes,
+            timeout_ms=timeout_ms,
+            dispatch=dispatch,
+            max_batch_tokens=max_batch_tokens,
+        )
+        config = SidecarConfig(
+            model_name=model_name,
+            model_server=model_server,
+            host=host,
+            port=port,
+            config_file=config_file,
+            max_body_bytes=max_body_bytes,
+            body_timeout_s=body_timeout_seconds,
+            max_reading_bytes=max_reading_bytes,
+            drain_seconds=drain_seconds,
+            drain_delay_seconds=drain_delay_seconds,
+            batching=batching,
+            grpc_port=grpc_port,
+            grpc_max_message_bytes=grpc_max_message_bytes,
+        )
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        sys.exit(event_loop.run(serve(config)))
+    except CannotListen as error:
+        raise click.ClickException(str(error)) from error
+
+
+class CannotListen(Exception):
+    """A port the sidecar was given is taken or not allowed: it cannot start."""
+
+
+async def _listening(opening: Awaitable[T], address: str) -> T:
+    try:
+        return await opening
+    except OSError as error:
+        raise CannotListen(f"cannot listen on {address}: {error.strerror or error}") from error
+
+
+async def serve(config: SidecarConfig) -> int:
+    """Serve until SIGTERM/SIGINT; then not ready but serving for the drain delay, then
+    closed to new connections and drained: nothing sent before the port closed is lost."""
+    app = await create_app(config, CollectorRegistry())
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        # After an early answer (413, 408) the rest of a body is read and dropped for this
+        # long before the connection closes, so a client still sending sees the answer, not
+        # a reset; a stalled body holds its connection no longer than its timeout.
+        lingering_time=config.body_timeout_s,
+    )
+    await runner.setup()
+    sidecar = app[SIDECAR]
+    # Unwound in reverse: gRPC stops once the drain has answered its calls, then the runner
+    # closes idle keep-alive connections and waits for the answers still being written. On a
+    # failed start too, so the app's background tasks end before the loop does.
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, config.host, config.port)
+        await _listening(site.start(), f"{config.host}:{config.port}")
+        log.info("sidecar for %r listening on %s", config.model_name, site.name)
+        # gRPC: beside REST over the same data plane.
+        grpc_address = f"{config.host}:{config.grpc_port} (gRPC)"
+        serving = grpc_server.serving(config, sidecar.dataplane, sidecar.metrics)
+        await _listening(stack.enter_async_context(serving), grpc_address)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        # Not ready at once, but serving on: endpoints and load balancers take a while to stop
+        # sending, and a request that finds the port closed is lost.
+        sidecar.dataplane.stop_soon()
+        log.info(
+            "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
+        )
+        await asyncio.sleep(config.drain_delay_seconds)
+        # Open connections stay; each answers with Connection: close from the SIGTERM on.
+        await site.stop()
+        batcher = sidecar.batcher
+        log.info(
+            "draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds
+        )
+        if not await batcher.drain(config.drain_seconds):
+            log.warning("drain grace over with %d items queued", batcher.queued_items)
+            # Every caller still waiting gets 503 before the connections close.
+            await batcher.abort()
+    log.info("sidecar stopped")
+    return 0
