@@ -208,9 +208,9 @@ def test_image_digest_pins_the_image() -> None:
     digest = "sha256:" + "ab" * 32
     manifests = render(sets=(f"images.operator.digest={digest}", f"images.sidecar.digest={digest}"))
     (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
-    pinned = f"ghcr.io/carpool-dev/carpool@{digest}"
-    assert container["image"] == pinned
-    assert _env(manifests)["CARPOOL_DEFAULT_SIDECAR_IMAGE"] == pinned
+    assert container["image"] == f"ghcr.io/carpool-dev/carpool-operator@{digest}"
+    sidecar = _env(manifests)["CARPOOL_DEFAULT_SIDECAR_IMAGE"]
+    assert sidecar == f"ghcr.io/carpool-dev/carpool-sidecar@{digest}"
 
 
 @pytest.mark.parametrize(

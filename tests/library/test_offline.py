@@ -1,4 +1,4 @@
-"""Offline batch inference: `carpool infer` over a file and `carpool.batch_inference`."""
+"""Offline batch inference: `carpool infer` over a file and `carpool_model_server.batch_inference`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 import pytest
 from library.tiny_lm import WORDS
 
-import carpool
+import carpool_model_server
 from carpool_model_server.offline import BatchInference
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -127,8 +127,8 @@ def test_sorting_by_length_cuts_padding_and_keeps_order() -> None:
 @pytest.mark.slow
 def test_batch_inference_with_minilm_matches_one_at_a_time() -> None:
     texts = mixed_texts(48, seed=11)
-    batched = carpool.batch_inference("text-embedding", texts, batch_size=16)
-    alone = carpool.batch_inference("text-embedding", texts[:6], batch_size=1)
+    batched = carpool_model_server.batch_inference("text-embedding", texts, batch_size=16)
+    alone = carpool_model_server.batch_inference("text-embedding", texts[:6], batch_size=1)
     for ours, theirs in zip(batched, alone, strict=False):
         assert ours.outputs is not None and theirs.outputs is not None
         np.testing.assert_allclose(

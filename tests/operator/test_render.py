@@ -14,7 +14,7 @@ import yaml
 from carpool.contract.batching import DISPATCH_MODES, KNOBS, Batching
 from carpool.contract.pod import MODEL_MAX_BATCH_SIZE
 from carpool.engine.settings import BatchingSettings, apply_file
-from carpool_operator.defaults import Defaults
+from carpool_operator.defaults import DEFAULT_SIDECAR_IMAGE, Defaults
 from carpool_operator.render import DEFAULT_IMAGE, render
 from carpool_operator.schema import apply_defaults, validate
 from carpool_operator.spec import SpecError
@@ -343,10 +343,12 @@ def test_grace_period_outlasts_both_drains() -> None:
     assert 0 < drain < pod["terminationGracePeriodSeconds"]
 
 
-def test_images_default_to_the_operator_image() -> None:
-    images = {c["image"] for c in containers(render(model())).values()}
-    assert images == {DEFAULT_IMAGE}
-    custom = containers(render(model(), defaults=Defaults(image="registry.local/carpool:dev")))
+def test_images_default_to_the_operator_images() -> None:
+    images = {n: c["image"] for n, c in containers(render(model())).items()}
+    assert images == {"model-server": DEFAULT_IMAGE, "sidecar": DEFAULT_SIDECAR_IMAGE}
+    # An empty sidecar default runs the sidecar from the model image, as before the split.
+    one = Defaults(image="registry.local/carpool:dev", sidecar_image="")
+    custom = containers(render(model(), defaults=one))
     assert {c["image"] for c in custom.values()} == {"registry.local/carpool:dev"}
 
     split = Defaults(image="registry.local/model:1", sidecar_image="registry.local/sidecar:2")
