@@ -50,9 +50,8 @@ def test_gpu_install_runs_the_cuda_image_and_wires_autoscaling(
         server, sidecar = pod["containers"]
         assert server["image"] == CUDA_IMAGE
         assert "--require-gpu" in server["command"]
-        assert sidecar["image"].startswith(
-            "ghcr.io/carpool-dev/carpool-sidecar:"
-        )  # no torch, no CUDA
+        # The sidecar image: no torch, no CUDA.
+        assert sidecar["image"].startswith("ghcr.io/carpool-dev/carpool-sidecar:")
         assert pod["runtimeClassName"] == "nvidia"
         assert deployment["spec"]["strategy"]["rollingUpdate"] == {
             "maxSurge": 0,

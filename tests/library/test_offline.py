@@ -1,4 +1,4 @@
-"""Offline batch inference: `carpool infer` over a file and `carpool_model_server.batch_inference`."""
+"""Offline batch inference: `carpool infer` over a file, and `batch_inference` in process."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
     with serving("--handler", "toy", "--port", str(port), until="ready at") as process:
         ...                                   # process.stderr: the rest of its log
 
-The process runs from the repository root with the given extra environment; whatever the test leaves running is killed on the way out.
+The process runs from the repository root with the given extra environment; whatever the
+test leaves running is killed on the way out.
 """
 
 from __future__ import annotations
