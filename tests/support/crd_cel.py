@@ -96,9 +96,9 @@ class _Select:
 
 def _chain(member: lark.Tree[Any]) -> list[_Select] | None:
     """The selections of `self.a.b` (or `oldSelf...`), or None for any other expression."""
-    (node,) = member.children
-    if not isinstance(node, lark.Tree):
+    if len(member.children) != 1 or not isinstance(member.children[0], lark.Tree):
         return None
+    node = member.children[0]
     if node.data == "primary":
         (ident,) = node.children
         is_self = isinstance(ident, lark.Tree) and ident.data == "ident"
