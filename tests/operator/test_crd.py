@@ -112,6 +112,29 @@ def test_out_of_bounds_example_is_rejected() -> None:
     assert any('Unsupported value: "fp64"' in message for message in messages)
 
 
+@pytest.mark.parametrize(
+    ("surge", "problem"),
+    [
+        (1001, "maxSurge in body should be less than or equal to 1000"),
+        (-1, "maxSurge in body should be greater than or equal to 0"),
+        ("half", "maxSurge in body should match '^[0-9]+%$'"),
+    ],
+)
+def test_rollout_counts_and_percentages_are_bounded(surge: int | str, problem: str) -> None:
+    """An int-or-string's bounds sit beside its bare anyOf: integers get minimum and maximum,
+    strings the pattern."""
+
+    def body(rollout: dict[str, Any]) -> dict[str, Any]:
+        spec = {"model": {"handler": "toy"}, "rollout": rollout}
+        return apply_defaults({"metadata": {"name": "surge"}, "spec": spec}, SCHEMA)
+
+    assert validate(body({"maxSurge": 3, "maxUnavailable": "25%"}), SCHEMA) == []
+    causes = validate(body({"maxSurge": surge}), SCHEMA)
+    assert [(cause.field, cause.message.split(": ")[-1]) for cause in causes] == [
+        ("spec.rollout.maxSurge", f"spec.rollout.{problem}")
+    ]
+
+
 def test_cel_rules_reject_what_plain_schema_cannot() -> None:
     body = yaml.safe_load((INVALID / "min-over-max.yaml").read_text())
     jsonschema.validate(body, SCHEMA)  # the bounds alone pass

@@ -32,6 +32,7 @@ from aiohttp import web
 from carpool_operator.schema import Cause, apply_defaults, prune, validate
 from support import kube_apply
 from support import kube_protobuf as protobuf
+from support.crd_validation import validate_crd
 from support.kube_defaults import apply_builtin_defaults
 from support.kube_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from support.kube_tables import table
@@ -281,7 +282,10 @@ class KubeApiServer(kmock.KubernetesEmulator):
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
     cascading, background-style; a dependent created after its owners are gone goes too);
     discovery (`/api`, `/apis`, each group and version) including
-    CRDs once applied; a CRD becomes Established at once; custom resources are defaulted, pruned
+    CRDs once applied; a CRD is validated as the API server validates it (its name, names,
+    versions, printer columns and schema: structural, defaults, list and map types, CEL rules and
+    their fieldPaths; see crd_validation) and refused with the same 422 and field causes, then
+    becomes Established at once; custom resources are defaulted, pruned
     (or rejected under `fieldValidation=Strict`) and validated against their CRD's structural
     schema including its CEL rules (see carpool_operator.schema); a few API-server defaults of
     Deployments and Services (see kube_defaults), so that clients can prove they compare only
@@ -687,6 +691,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     def _admit(self, kind: Kind, obj: Json, params: dict[str, str]) -> None:
         """Defaults, pruning and validation: what the API server does before storing."""
         apply_builtin_defaults(kind.kind, obj)
+        if kind.key == CRD_KEY and (causes := validate_crd(obj)):
+            raise self._invalid(kind, obj["metadata"].get("name", ""), causes)
         if kind.schema is None:
             return
         apply_defaults(obj, kind.schema)
@@ -705,7 +711,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
 
     @staticmethod
     def _invalid(kind: Kind, name: str, causes: list[Cause]) -> ApiFailure:
-        texts = [f"{cause.field}: {cause.message}" for cause in causes]
+        # One line per distinct error, as the API server's aggregate of them.
+        texts = list(dict.fromkeys(f"{cause.field}: {cause.message}" for cause in causes))
         summary = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
         details = {
             "name": name,

@@ -154,7 +154,7 @@ def _check_scalar(node: Any, schema: dict[str, Any], path: str) -> list[Cause]:
 def validate(node: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
     """Every violation of `schema` in `node`, as the API server's field causes."""
     if schema.get("x-kubernetes-int-or-string") and isinstance(node, int | str):
-        return []
+        return _check_scalar(node, schema, path)  # bounds apply to integers, pattern to strings
     expected = schema.get("type")
     if expected is not None and not (
         isinstance(node, _JSON_TYPES[expected])
