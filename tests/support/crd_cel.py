@@ -22,7 +22,7 @@ from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
-from carpool.operator.schema import Cause
+from carpool_operator.schema import Cause
 from support.crd_field_path import FieldPathError, resolve
 from support.kube_field import OMIT, child, duplicate, forbidden, invalid, key, required
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from carpool.operator.schema import Cause, prune, validate
+from carpool_operator.schema import Cause, prune, validate
 from support.crd_cel import evaluate
 from support.kube_field import child, invalid, key
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from carpool.operator.schema import Cause
+from carpool_operator.schema import Cause
 from support.crd_cel import compile_errors
 from support.crd_field_path import FieldPathError, resolve
 from support.crd_structural import init_error, properties

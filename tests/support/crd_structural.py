@@ -17,7 +17,7 @@ from typing import Any
 
 import re2
 
-from carpool.operator.schema import Cause
+from carpool_operator.schema import Cause
 from support.kube_field import child, forbidden, invalid, key, required
 
 Schema = dict[str, Any]

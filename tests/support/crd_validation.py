@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from carpool.operator.schema import Cause
+from carpool_operator.schema import Cause
 from support.crd_defaults import validate_defaults
 from support.crd_openapi import Scope, walk
 from support.crd_structural import init_error, validate_structural

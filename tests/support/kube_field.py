@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from carpool.operator.schema import Cause
+from carpool_operator.schema import Cause
 
 OMIT = object()  # a bad value the body leaves out, as the CEL validator does for objects
 
