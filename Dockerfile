@@ -20,6 +20,7 @@ ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 WORKDIR /src
 COPY scripts/install-image.sh scripts/
+COPY constraints-dev.txt ./
 COPY carpool ./carpool
 COPY sidecar ./sidecar
 COPY model_server ./model_server

@@ -5,21 +5,28 @@
 #   scripts/install-image.sh operator|sidecar|model-server VENV
 #
 # operator and sidecar carry no torch; model-server installs torch first, from TORCH_INDEX
-# when set (the CPU or a CUDA wheel index), else from pip's own configuration.
+# when set (the CPU or a CUDA wheel index), else as pip finds it. Every other package comes
+# at the version the test suite runs with (constraints-dev.txt), installed by uv.
 set -euo pipefail
 part=${1:?operator, sidecar or model-server}
 venv=${2:?the virtualenv to create}
 : "${TORCH_VERSION:=2.13.0}"
 python3 -m venv "$venv"
-pip=("$venv/bin/python" -m pip install -q --no-cache-dir --disable-pip-version-check)
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 case "$part" in
-    operator) "${pip[@]}" ./carpool ./operator ;;
-    sidecar) "${pip[@]}" ./carpool ./sidecar ;;
+    operator) parts=(./carpool ./operator) ;;
+    sidecar) parts=(./carpool ./sidecar) ;;
+    # The weights fetcher (`python -m carpool.storage`) runs from the model's image too.
     model-server)
-        # torch first: a plain `pip install torch` picks CUDA on x86.
+        parts=('./carpool[storage]' './model_server[embedding]')
+        # torch first, by pip: a plain `pip install torch` picks CUDA on x86.
         "${pip[@]}" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==$TORCH_VERSION"
-        # The weights fetcher (`python -m carpool.storage`) runs from this image too.
-        "${pip[@]}" './carpool[storage]' './model_server[embedding]'
         ;;
     *) echo "install-image: unknown part '$part' (operator, sidecar or model-server)" >&2; exit 2 ;;
 esac
+"${pip[@]}" uv
+# --no-sources: the parts come from the paths given, installed, never linked to this folder.
+"$venv/bin/uv" pip install -q --python "$venv/bin/python" --no-sources -c constraints-dev.txt \
+    "${parts[@]}"
+# uv was only the installer.
+"$venv/bin/uv" pip uninstall -q --python "$venv/bin/python" uv

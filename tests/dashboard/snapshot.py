@@ -1,6 +1,6 @@
 """Plot what the dashboard shows, from a live run: the pictures in docs/dashboard.md.
 
-    PYTHONSAFEPATH=1 .venv/bin/python tests/dashboard/snapshot.py docs/images
+    PYTHONPATH=tests .venv/bin/python tests/dashboard/snapshot.py docs/images
 
 Starts the same stack and load as the dashboard test (live.py), runs every panel's PromQL over
 the run through Prometheus' HTTP API, and draws one figure in the dashboard's layout:

@@ -19,6 +19,8 @@ from support.kube_api import Kind
 from support.kube_cluster import OPERATOR_AGENT, Cluster
 from support.kube_models import applied, condition, model, wait_resyncs
 
+from carpool_operator.defaults import DEFAULT_SIDECAR_IMAGE
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 INVALID = Path(__file__).resolve().parent / "invalid"
 LABELS = {
@@ -234,8 +236,9 @@ def test_image_edit_rolls_the_pods(cluster: Cluster) -> None:
     )  # fmt: skip
 
     def rolled(found: dict[str, Any]) -> bool:
-        images = {c["image"] for c in found["spec"]["template"]["spec"]["containers"]}
-        return images == {image}
+        images = {c["name"]: c["image"] for c in found["spec"]["template"]["spec"]["containers"]}
+        # The sidecar keeps its own image: only the model's changed.
+        return images == {"model-server": image, "sidecar": DEFAULT_SIDECAR_IMAGE}
 
     after = cluster.wait_for_object("deployment", "e2e-image", rolled)
     assert after["metadata"]["generation"] > before["metadata"]["generation"]

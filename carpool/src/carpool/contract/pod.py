@@ -35,7 +35,7 @@ SIDECAR_COMMAND: Final = ("carpool", "sidecar")
 
 
 class ModelServerFlag:
-    """The `carpool model-server` options the operator sets (model_server/main.py)."""
+    """The `carpool model-server` options the operator sets (carpool_model_server.main)."""
 
     HANDLER: Final = "--handler"
     MODEL_NAME: Final = "--model-name"
@@ -52,7 +52,7 @@ class ModelServerFlag:
 
 
 class SidecarFlag:
-    """The `carpool sidecar` options the operator sets (sidecar/main.py)."""
+    """The `carpool sidecar` options the operator sets (carpool_sidecar.main)."""
 
     MODEL_NAME: Final = "--model-name"
     MODEL_SERVER: Final = "--model-server"
