@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast
 from prometheus_client import CollectorRegistry
 
 from carpool.contract.batching import Dispatch
-from carpool.contract.wire import Item, ItemResult
+from carpool.engine import bisection
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
     CLIENT_GONE,
@@ -56,23 +56,14 @@ _FAILED = 500
 
 
 @dataclass(frozen=True, slots=True)
-class _Sender:
+class _Sender(Generic[ItemT, ResultT]):
     """The engine's BatchSender: the wrapped function instead of the model server."""
 
-    answer: Callable[[Sequence[Item], float], Awaitable[list[ItemResult]]]
+    answer: Callable[[Sequence[ItemT]], Awaitable[list[ResultT | Exception]]]
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
+    async def send(self, items: Sequence[ItemT], timeout_s: float) -> Answer[ResultT | Exception]:
         # No hop and no queue of its own: the round trip is the function's time.
-        return await self.answer(items, timeout_s), None
-
-
-@dataclass(slots=True, eq=False)
-class _Call(Generic[ItemT, ResultT]):
-    """One item on its way through the engine, and where its answer lands."""
-
-    item: ItemT
-    result: ResultT | None = None
-    error: BaseException | None = None
+        return await self.answer(items), None
 
 
 class Batched(Generic[ItemT, ResultT]):
@@ -93,7 +84,8 @@ class Batched(Generic[ItemT, ResultT]):
         self._settings = settings
         self.metrics = SidecarMetrics(registry, name)
         self._group_by = group_by
-        self._batcher: Batcher | None = None
+        # An item's outcome is its result, or the exception it failed with.
+        self._batcher: Batcher[ItemT, ResultT | Exception] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the engine runs on
         self._dispatcher: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -114,16 +106,15 @@ class Batched(Generic[ItemT, ResultT]):
         loop = asyncio.get_running_loop()
         started = loop.time()
         timeout_s = (self._settings.timeout_ms if timeout_ms is None else timeout_ms) / 1000
-        call: _Call[ItemT, ResultT] = _Call(item)
         key = BatchKey(None if self._group_by is None else self._group_by(item))
         status = CLIENT_GONE
         try:
-            await batcher.submit([cast(Item, call)], key, started + timeout_s, priority=priority)
-            if call.error is not None:
+            (outcome,) = await batcher.submit([item], key, started + timeout_s, priority=priority)
+            if isinstance(outcome, Exception):
                 status = _FAILED
-                raise call.error
+                raise outcome
             status = _OK
-            return cast(ResultT, call.result)
+            return outcome
         except SidecarError as error:
             status = error.status
             if error.rejected_reason is not None:
@@ -177,7 +168,7 @@ class Batched(Generic[ItemT, ResultT]):
         own.submit(self.aclose(grace_s)).result()
         own.stop()
 
-    def _engine(self) -> Batcher:
+    def _engine(self) -> Batcher[ItemT, ResultT | Exception]:
         """The engine, started on the first caller's loop; every later caller must share it."""
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -189,40 +180,34 @@ class Batched(Generic[ItemT, ResultT]):
                 )
             if self._batcher is None:
                 self._loop = loop
-                self._batcher = Batcher(self._settings, _Sender(self._send), self.metrics)
+                self._batcher = Batcher(self._settings, _Sender(self._answer), self.metrics)
                 self._dispatcher = loop.create_task(self._batcher.run())
                 if not self._is_async:
                     workers = self._settings.max_inflight_batches
                     self._executor = ThreadPoolExecutor(workers, f"carpool-{self.name}")
             return self._batcher
 
-    async def _send(self, items: Sequence[Item], timeout_s: float) -> list[ItemResult]:
-        calls = cast(list[_Call[ItemT, ResultT]], list(items))
-        await self._answer(calls)
-        return [ItemResult() for _ in calls]
+    async def _answer(self, items: Sequence[ItemT]) -> list[ResultT | Exception]:
+        """Each item's outcome: run the function on the batch, and on its halves if it raises."""
+        plan: bisection.Plan[ItemT, ResultT | Exception] = bisection.isolate(
+            items,
+            failed=lambda error: error,
+            # A wrong number of results is a bug of the function: halves would not mend it.
+            splits=lambda error: not isinstance(error, BadModelResponse),
+        )
+        return await bisection.run_async(plan, self._attempt)
 
-    async def _answer(self, calls: list[_Call[ItemT, ResultT]]) -> None:
-        """Run the function on the calls' items and store each answer; bisect on failure."""
+    async def _attempt(self, items: Sequence[ItemT]) -> bisection.Outcome[ResultT | Exception]:
         try:
-            results = await self._run([call.item for call in calls])
-            if len(results) != len(calls):
-                raise BadModelResponse(
-                    f"{self.name} returned {len(results)} results for {len(calls)} items"
-                )
+            results = await self._run(list(items))
         except Exception as error:
-            if len(calls) == 1 or isinstance(error, BadModelResponse):
-                for call in calls:
-                    call.error = error
-                return
-            middle = len(calls) // 2
-            await self._answer(calls[:middle])
-            await self._answer(calls[middle:])
-            return
-        for call, result in zip(calls, results, strict=True):
-            if isinstance(result, Exception):
-                call.error = result
-            else:
-                call.result = result
+            return error
+        if len(results) != len(items):
+            return BadModelResponse(
+                f"{self.name} returned {len(results)} results for {len(items)} items"
+            )
+        # An Exception in the list is that item's failure.
+        return results
 
     async def _run(self, items: list[ItemT]) -> Sequence[Any]:
         if self._is_async:

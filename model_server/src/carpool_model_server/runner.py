@@ -24,6 +24,7 @@ from typing import ParamSpec, TypeVar
 import torch
 
 from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor
+from carpool.engine import bisection
 from carpool_model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool_model_server.fatal import is_fatal
 from carpool_model_server.handler import AnyHandler, Prepared
@@ -168,25 +169,27 @@ class Runner:
         self, items: Sequence[Item], prepared: Prepared[object] | None = None
     ) -> list[ItemResult]:
         """One forward pass (of `prepared` when given); if it raises, bisect so that only the
-        failing items get the error.
+        failing items get the error (`carpool.engine.bisection`)."""
 
-        A single poison item in a batch of n costs about 2 * log2(n) extra forward passes.
-        """
-        try:
-            return self._forward(items, prepared)
-        except InferError as error:
-            # The handler broke its contract: retrying smaller batches would not fix it.
-            return [ItemResult.failed(str(error), InferError.status)] * len(items)
-        except Exception as error:
-            if is_fatal(error):
-                self.failure = f"{type(error).__name__}: {error}"
-                log.critical("the device is unusable until the process restarts", exc_info=error)
-                raise DeviceFailed(f"the device failed: {self.failure}") from error
-            if len(items) > 1:
-                middle = len(items) // 2
-                return self._isolate(items[:middle]) + self._isolate(items[middle:])
-            log.warning("item failed in the model: %r", error)
-            return [ItemResult.failed(_describe(error), InferError.status)]
+        def attempt(batch: Sequence[Item]) -> bisection.Outcome[ItemResult]:
+            try:
+                return self._forward(batch, prepared if batch is items else None)
+            except Exception as error:
+                if is_fatal(error):
+                    self.failure = f"{type(error).__name__}: {error}"
+                    log.critical(
+                        "the device is unusable until the process restarts", exc_info=error
+                    )
+                    raise DeviceFailed(f"the device failed: {self.failure}") from error
+                return error
+
+        plan = bisection.isolate(
+            items,
+            failed=_failed,
+            # A handler that broke its contract: smaller batches would not mend it.
+            splits=lambda error: not isinstance(error, InferError),
+        )
+        return bisection.run(plan, attempt)
 
     def _forward(
         self, items: Sequence[Item], prepared: Prepared[object] | None
@@ -216,5 +219,11 @@ class Runner:
         ]
 
 
-def _describe(error: Exception) -> str:
-    return f"model failed on this item: {type(error).__name__}: {error}"
+def _failed(error: Exception) -> ItemResult:
+    """The result of an item that failed in the model, or of a batch the handler broke."""
+    if isinstance(error, InferError):
+        return ItemResult.failed(str(error), InferError.status)
+    log.warning("item failed in the model: %r", error)
+    return ItemResult.failed(
+        f"model failed on this item: {type(error).__name__}: {error}", InferError.status
+    )

@@ -9,12 +9,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from carpool.engine.batcher import Batcher
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.dataplane import DataPlane
-from carpool_sidecar.forwarder import ModelServerForwarder
+from carpool_sidecar.forwarder import ModelBatcher, ModelServerForwarder
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.reading import ReadingBudget
 from carpool_sidecar.reload import SettingsFile
@@ -29,7 +28,7 @@ class Sidecar:
     metrics: SidecarMetrics
     client: ModelClient
     state: ModelState
-    batcher: Batcher
+    batcher: ModelBatcher
     dataplane: DataPlane
     settings_file: SettingsFile | None
     reading: ReadingBudget
@@ -56,7 +55,7 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     metrics = SidecarMetrics(registry, config.model_name)
     client = ModelClient(config.model_server)
     state = ModelState()
-    batcher = Batcher(config.batching, ModelServerForwarder(client, state), metrics)
+    batcher = ModelBatcher(config.batching, ModelServerForwarder(client, state), metrics)
     settings_file = None
     if config.config_file is not None:
         settings_file = SettingsFile(Path(config.config_file), config.batching, batcher)

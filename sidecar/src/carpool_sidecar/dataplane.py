@@ -17,7 +17,6 @@ import numpy.typing as npt
 from carpool.contract.generation import TEXT_OUTPUT
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
-from carpool.engine.batcher import Batcher
 from carpool.engine.bounds import RequestBounds
 from carpool.engine.errors import (
     BadModelResponse,
@@ -28,6 +27,7 @@ from carpool.engine.errors import (
 )
 from carpool.engine.pending import BatchKey
 from carpool_sidecar import generation
+from carpool_sidecar.forwarder import ModelBatcher
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
@@ -44,7 +44,7 @@ def length_bucket(length: int) -> int:
 
 
 class DataPlane:
-    def __init__(self, model_name: str, batcher: Batcher, state: ModelState) -> None:
+    def __init__(self, model_name: str, batcher: ModelBatcher, state: ModelState) -> None:
         self.model_name = model_name
         self.batcher = batcher
         self.state = state

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from carpool.contract.wire import Item
+from carpool.contract.wire import Item, ItemResult
+from carpool.engine.batcher import Batcher
 from carpool.engine.errors import ModelUnreachable
 from carpool.engine.execution import Answer
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.health import ModelState
+
+# The sidecar's engine: model inputs in, the model server's answers out.
+ModelBatcher = Batcher[Item, ItemResult]
 
 
 class ModelServerForwarder:
@@ -20,7 +24,7 @@ class ModelServerForwarder:
         self._client = client
         self._state = state
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
+    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer[ItemResult]:
         try:
             return await self._client.infer(items, timeout_s)
         except ModelUnreachable:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 from carpool.engine.batcher import Batcher
 from carpool.engine.settings import BatchingSettings, ConfigError, apply_file
@@ -21,7 +22,7 @@ POLL_INTERVAL_S = 1.0
 class SettingsFile:
     """Lays the file's settings over `base` (flags and environment) whenever it changes."""
 
-    def __init__(self, path: Path, base: BatchingSettings, batcher: Batcher) -> None:
+    def __init__(self, path: Path, base: BatchingSettings, batcher: Batcher[Any, Any]) -> None:
         self._path = path
         self._base = base
         self._batcher = batcher

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from carpool.engine.errors import DeadlineExceeded
 from carpool.engine.metrics import SidecarMetrics
-from carpool.engine.pending import BatchKey, Part, PendingRequest
+from carpool.engine.pending import AnyPart, AnyRequest, BatchKey, Part
 
 
 @dataclass(slots=True, eq=False)
@@ -23,17 +23,17 @@ class Group:
     """
 
     key: BatchKey
-    heap: list[tuple[int, int, PendingRequest]] = field(default_factory=list)
+    heap: list[tuple[int, int, AnyRequest]] = field(default_factory=list)
     # The same requests in arrival order: the oldest opens the batch window.
-    arrivals: deque[PendingRequest] = field(default_factory=deque)
+    arrivals: deque[AnyRequest] = field(default_factory=deque)
     items: int = 0  # unsent items of requests still waiting
 
-    def push(self, request: PendingRequest) -> None:
+    def push(self, request: AnyRequest) -> None:
         heapq.heappush(self.heap, (-request.priority, request.seq, request))
         self.arrivals.append(request)
         self.items += len(request.items)
 
-    def head(self) -> PendingRequest | None:
+    def head(self) -> AnyRequest | None:
         """The next request to serve, dropping finished (cancelled, expired) ones on the way."""
         while self.heap:
             request = self.heap[0][2]
@@ -71,7 +71,7 @@ class BatchQueue:
         """The groups with a request still waiting."""
         return (group for group in self._groups.values() if group.items)
 
-    def push(self, request: PendingRequest) -> None:
+    def push(self, request: AnyRequest) -> None:
         group = self._groups.get(request.key)
         if group is None:
             group = self._groups[request.key] = Group(request.key)
@@ -80,9 +80,9 @@ class BatchQueue:
         self.bytes += request.queued_bytes
         request.future.add_done_callback(lambda _: self._forget(request, group))
 
-    def take(self, group: Group, room: int, now: float) -> list[Part]:
+    def take(self, group: Group, room: int, now: float) -> list[AnyPart]:
         """Remove up to `room` items from the group, best first."""
-        parts: list[Part] = []
+        parts: list[AnyPart] = []
         while room and (request := group.head()) is not None:
             if request.deadline <= now:
                 # Not worth the model's time: its caller is answered 504 now.
@@ -113,12 +113,12 @@ class BatchQueue:
         self.items += change
         self._metrics.queue_items.set(self.items)
 
-    def _release(self, request: PendingRequest) -> None:
+    def _release(self, request: AnyRequest) -> None:
         """Its bytes no longer count against maxQueueBytes; once, however it leaves."""
         self.bytes -= request.queued_bytes
         request.queued_bytes = 0
 
-    def _forget(self, request: PendingRequest, group: Group) -> None:
+    def _forget(self, request: AnyRequest, group: Group) -> None:
         """A finished request gives back the queue room of items it never sent; a group
         left without waiting requests goes, with whatever it still holds."""
         if request.sent == 0:

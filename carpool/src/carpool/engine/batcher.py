@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Sequence
+from typing import Generic
 
-from carpool.contract.wire import Item, ItemResult
 from carpool.engine import execution
 from carpool.engine.arrivals import Arrivals
 from carpool.engine.batch_queue import BatchQueue
@@ -22,16 +22,21 @@ from carpool.engine.bounds import RequestBounds
 from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
 from carpool.engine.execution import BatchSender
 from carpool.engine.metrics import SidecarMetrics
-from carpool.engine.pending import BatchKey, Part, PendingRequest
+from carpool.engine.pending import AnyPart, BatchKey, ItemT, PendingRequest, ResultT
 from carpool.engine.scheduling import Limits, Outlook, decide
 from carpool.engine.settings import BatchingSettings
 from carpool.engine.throughput import ThroughputWindow
 from carpool.engine.timeline import ModelTimeline
 
 
-class Batcher:
+class Batcher(Generic[ItemT, ResultT]):
+    """Batches of callers' items through one sender; generic over what items and results are."""
+
     def __init__(
-        self, settings: BatchingSettings, sender: BatchSender, metrics: SidecarMetrics
+        self,
+        settings: BatchingSettings,
+        sender: BatchSender[ItemT, ResultT],
+        metrics: SidecarMetrics,
     ) -> None:
         self._limits = Limits(settings)
         self._sender = sender
@@ -84,14 +89,14 @@ class Batcher:
 
     async def submit(
         self,
-        items: Sequence[Item],
+        items: Sequence[ItemT],
         key: BatchKey,
         deadline: float,
         *,
         priority: int = 0,
         lengths: Sequence[int] | None = None,
         nbytes: int = 0,
-    ) -> list[ItemResult]:
+    ) -> list[ResultT]:
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
         `deadline` is in loop time; `lengths` are the items' lengths when they vary (for the
@@ -114,7 +119,7 @@ class Batcher:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
         self._seq += 1
-        request = PendingRequest(
+        request: PendingRequest[ItemT, ResultT] = PendingRequest(
             items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
             nbytes,
         )  # fmt: skip
@@ -196,7 +201,7 @@ class Batcher:
             self._idle.set()
         self._wake.set()
 
-    def _launch(self, parts: list[Part], reason: str, key: BatchKey) -> None:
+    def _launch(self, parts: list[AnyPart], reason: str, key: BatchKey) -> None:
         items = execution.batch_items(parts)
         self._metrics.batch_sent(reason, len(items))
         if key.bucket is not None and (ratio := execution.padding_ratio(parts)) is not None:
@@ -208,7 +213,7 @@ class Batcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_batch(self, parts: list[Part], items: list[Item], token: int) -> None:
+    async def _run_batch(self, parts: list[AnyPart], items: list[ItemT], token: int) -> None:
         started = self._loop.time()
         timeout_s = max(part.request.deadline for part in parts) - started
         answer = None

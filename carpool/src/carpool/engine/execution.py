@@ -5,30 +5,37 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
-from carpool.contract.wire import BatchTiming, Item, ItemResult
+from carpool.contract.wire import BatchTiming
 from carpool.engine.errors import BadModelResponse, SidecarError, Unavailable
-from carpool.engine.pending import Part
+from carpool.engine.pending import AnyPart, ItemT, Part, ResultT
 
 log = logging.getLogger(__name__)
 
+ItemT_contra = TypeVar("ItemT_contra", contravariant=True)
+ResultT_co = TypeVar("ResultT_co", covariant=True)
 
 # One result per item, in order, and the model server's timing of the batch when it tells.
-Answer = tuple[Sequence[ItemResult], BatchTiming | None]
+Answer = tuple[Sequence[ResultT], BatchTiming | None]
 
 
-class BatchSender(Protocol):
+class BatchSender(Protocol[ItemT_contra, ResultT_co]):
     """Where the engine sends its batches: the model server, or an in-process function."""
 
-    async def send(self, items: Sequence[Item], timeout_s: float) -> Answer:
+    async def send(
+        self, items: Sequence[ItemT_contra], timeout_s: float
+    ) -> tuple[Sequence[ResultT_co], BatchTiming | None]:
         """The batch's answer; raises SidecarError on failure."""
         ...
 
 
 async def execute(
-    sender: BatchSender, parts: Sequence[Part], items: list[Item], timeout_s: float
-) -> Answer | None:
+    sender: BatchSender[ItemT, ResultT],
+    parts: Sequence[Part[ItemT, ResultT]],
+    items: list[ItemT],
+    timeout_s: float,
+) -> Answer[ResultT] | None:
     """Send one batch and answer its callers; its answer when the sender answered every item."""
     try:
         results, timing = await sender.send(items, timeout_s)
@@ -53,11 +60,11 @@ async def execute(
     return None
 
 
-def batch_items(parts: Sequence[Part]) -> list[Item]:
+def batch_items(parts: Sequence[Part[ItemT, ResultT]]) -> list[ItemT]:
     return [item for part in parts for item in part.request.items[part.start : part.stop]]
 
 
-def deliver(parts: Sequence[Part], results: Sequence[ItemResult]) -> None:
+def deliver(parts: Sequence[Part[ItemT, ResultT]], results: Sequence[ResultT]) -> None:
     """Hand each caller its slice of `results`; a caller is answered once all its items are."""
     offset = 0
     for part in parts:
@@ -71,16 +78,16 @@ def deliver(parts: Sequence[Part], results: Sequence[ItemResult]) -> None:
         request.answered += count
         if request.answered == len(request.items):
             # Every slot is filled once all items are answered.
-            request.future.set_result(cast(list[ItemResult], request.results))
+            request.future.set_result(cast(list[ResultT], request.results))
 
 
-def fail(parts: Sequence[Part], error: Exception) -> None:
+def fail(parts: Sequence[AnyPart], error: Exception) -> None:
     """Every waiter of a failed batch hears of it."""
     for part in parts:
         part.request.fail(error)
 
 
-def padding_ratio(parts: Sequence[Part]) -> float | None:
+def padding_ratio(parts: Sequence[AnyPart]) -> float | None:
     """Padded elements / real elements - 1 of a batch of variable-length items."""
     lengths = [
         length

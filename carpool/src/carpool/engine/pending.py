@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
-from carpool.contract.wire import Item, ItemResult
+# What callers submit and what they get back: for the sidecar a model input and the model
+# server's answer for it, for `carpool.batch` the wrapped function's argument and result.
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +29,7 @@ class BatchKey:
 
 
 @dataclass(slots=True, eq=False)
-class PendingRequest:
+class PendingRequest(Generic[ItemT, ResultT]):
     """The items of one caller, its single future, and how far its items have been sent.
 
     Only the engine builds and changes these (`Batcher.submit`). A request larger than the
@@ -33,11 +37,11 @@ class PendingRequest:
     collects their answers in order.
     """
 
-    items: Sequence[Item]
+    items: Sequence[ItemT]
     key: BatchKey
     priority: int
     deadline: float  # loop.time() after which the caller gets 504
-    future: asyncio.Future[list[ItemResult]]
+    future: asyncio.Future[list[ResultT]]
     enqueued_at: float
     seq: int
     # Per-item lengths of variable-length items (padding is measured on them).
@@ -46,7 +50,7 @@ class PendingRequest:
     queued_bytes: int = 0
     sent: int = 0
     answered: int = 0
-    results: list[ItemResult | None] = field(default_factory=list)
+    results: list[ResultT | None] = field(default_factory=list)
 
     @property
     def unsent(self) -> int:
@@ -64,9 +68,14 @@ class PendingRequest:
 
 
 @dataclass(slots=True)
-class Part:
+class Part(Generic[ItemT, ResultT]):
     """The items `start` to `stop` of one request, as they go in one batch."""
 
-    request: PendingRequest
+    request: PendingRequest[ItemT, ResultT]
     start: int
     stop: int
+
+
+# The queue and the dispatcher never look inside items or results.
+AnyRequest = PendingRequest[Any, Any]
+AnyPart = Part[Any, Any]
