@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 
 from carpool.contract.pod import LOAD_FAILED
@@ -13,13 +12,12 @@ from carpool_model_server import main as model_server
 from carpool_operator.pods import pod_problem
 
 
-def test_a_failed_load_leaves_a_termination_message(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failed_load_leaves_a_termination_message(tmp_path: Path) -> None:
     log = tmp_path / "termination-log"
     log.write_text("")  # the kubelet mounts the file; the server only writes into it
-    monkeypatch.setattr(model_server, "TERMINATION_LOG", log)
+    # Written where --termination-log says (a pod's terminationMessagePath), by the one writer.
     args = ["--handler", "nosuch.module:Model", "--port", "0", "--device", "cpu"]
+    args += ["--termination-log", str(log)]
     result = CliRunner().invoke(model_server.command, args)
     assert result.exit_code != 0
     assert log.read_text().startswith(LOAD_FAILED)

@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("carpool_model_server")
 # How long SIGTERM waits for batches in flight before closing their connections.
 SHUTDOWN_TIMEOUT_S = 30.0
-# On a failed load the server says why here, where Kubernetes reads a container's termination
-# message (its default terminationMessagePath); the operator reports it as ModelLoadFailed.
-TERMINATION_LOG = Path("/dev/termination-log")
 # After SIGTERM the server keeps answering until no batch has come for this long: in a pod the
 # sidecar gets the same SIGTERM and drains its queue through us, so we must outlive it.
 DRAIN_IDLE_S = 1.0
@@ -139,10 +136,10 @@ def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
             raise click.ClickException(str(error)) from error
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        code, still_loading = event_loop.run(serve(config))
+        code, still_loading = event_loop.run(serve(config, termination_log))
     except ConfigError as error:
         # A handler that does not import is found here; the pod's status should say so too.
-        _tell_kubernetes(f"{LOAD_FAILED}{error}")
+        write_termination_message(f"{LOAD_FAILED}{error}", termination_log)
         raise click.UsageError(str(error)) from error
     if still_loading:
         # The worker thread cannot be interrupted and the interpreter would join it at exit:
@@ -153,8 +150,10 @@ def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
     sys.exit(code)
 
 
-async def serve(config: Config) -> tuple[int, bool]:
-    """Run until SIGTERM/SIGINT (exit 0) or a failed load (exit 1).
+async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[int, bool]:
+    """Run until SIGTERM/SIGINT (exit 0) or a failed load (exit 1, its reason written to
+    `termination_log`, where Kubernetes reads a container's termination message and the
+    operator finds it for ModelLoadFailed).
 
     Returns the exit code, and whether the model was still loading when the signal came.
     """
@@ -188,7 +187,8 @@ async def serve(config: Config) -> tuple[int, bool]:
     code = 0
     if loading.done() and (failure := loading.exception()) is not None:
         log.error("model failed to load", exc_info=failure)
-        _tell_kubernetes(f"{LOAD_FAILED}{type(failure).__name__}: {failure}")
+        message = f"{LOAD_FAILED}{type(failure).__name__}: {failure}"
+        write_termination_message(message, termination_log)
         code = 1
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
@@ -210,13 +210,6 @@ async def serve(config: Config) -> tuple[int, bool]:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await loading
     return code, False
-
-
-def _tell_kubernetes(message: str) -> None:
-    """Write the termination message, in a pod only: elsewhere the file does not exist."""
-    if TERMINATION_LOG.is_file():
-        with contextlib.suppress(OSError):
-            TERMINATION_LOG.write_text(message[:4096])  # the kubelet keeps at most 4096 bytes
 
 
 async def _drain(service: ModelService, limit_s: float) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import overload
 
 import numpy as np
 import numpy.typing as npt
@@ -131,15 +132,11 @@ class DataPlane:
         priority: int,
     ) -> Sequence[ItemResult]:
         """Check the inputs, cut them into items and await one result per item."""
-        count = _check_inputs(inputs, metadata)
+        items = RequestItems(inputs, _check_inputs(inputs, metadata))
         nbytes = sum(tensor.nbytes for tensor in inputs)
-        # Before the items are cut: an oversized request costs no per-item objects.
-        bounds = self.bounds()
-        bounds.check_items(count)
-        bounds.check_bytes(nbytes)
         key, lengths = _batch_key(inputs, metadata)
         return await self.batcher.submit(
-            _items(inputs, count), key, deadline, priority=priority, lengths=lengths, nbytes=nbytes
+            items, key, deadline, priority=priority, lengths=lengths, nbytes=nbytes
         )
 
 
@@ -268,12 +265,34 @@ def _batch_key(
     return BatchKey(tuple(signature), bucket, settings), lengths.tolist()
 
 
-def _items(inputs: Sequence[RequestTensor], count: int) -> list[Item]:
-    columns = [(tensor.name, split(tensor)) for tensor in inputs]
-    if len(columns) == 1:
-        name, parts = columns[0]
-        return [{name: part} for part in parts]
-    return [{name: parts[index] for name, parts in columns} for index in range(count)]
+class RequestItems(Sequence[Item]):
+    """A request's items, cut from its columns only when a batch takes them: the engine
+    admits or refuses the request on its count and bytes alone, and an item that never
+    reaches a batch (refused, expired, cancelled) costs no object."""
+
+    def __init__(self, inputs: Sequence[RequestTensor], count: int) -> None:
+        self._inputs = inputs
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Item]: ...
+    def __getitem__(self, index: int | slice) -> Item | list[Item]:
+        if isinstance(index, int):
+            (item,) = self[index : index + 1 or None]
+            return item
+        start, stop, step = index.indices(self._count)
+        if step != 1:
+            raise ValueError("items are taken in runs")
+        columns = [(tensor.name, split(tensor, start, stop)) for tensor in self._inputs]
+        if len(columns) == 1:
+            name, parts = columns[0]
+            return [{name: part} for part in parts]
+        return [{name: parts[n] for name, parts in columns} for n in range(stop - start)]
 
 
 def _output_of_items(name: str, results: Sequence[ItemResult]) -> list[Tensor]:

@@ -156,22 +156,24 @@ def binary_bytes(tensor: RequestTensor) -> bytes | memoryview:
     return np.ascontiguousarray(tensor.data).data.cast("B")
 
 
-def split(tensor: RequestTensor) -> list[Tensor]:
-    """Per-item wire tensors; numeric items are memoryview slices of the request buffer."""
+def split(tensor: RequestTensor, start: int = 0, stop: int | None = None) -> list[Tensor]:
+    """Per-item wire tensors of items `start` to `stop` (all by default); numeric items are
+    memoryview slices of the request buffer."""
     count = tensor.items
+    stop = count if stop is None else stop
     item_shape = tensor.shape[1:]
     if isinstance(tensor.data, list):
         per_item = element_count(item_shape)
         return [
             Tensor(BYTES, item_shape, tensor.data[index * per_item : (index + 1) * per_item])
-            for index in range(count)
+            for index in range(start, stop)
         ]
     view = np.ascontiguousarray(tensor.data).data.cast("B")
     stride = len(view) // count if count else 0
     # msgpack packs any buffer as bin; the slices avoid one copy per item.
     return [
         Tensor(tensor.datatype, item_shape, view[index * stride : (index + 1) * stride])
-        for index in range(count)
+        for index in range(start, stop)
     ]
 
 
