@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PATH := $(CURDIR)/.cache/tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup tools demo test lint typecheck unit bench clean crd images image-cuda grpc constraints
+.PHONY: setup tools demo test lint typecheck unit bench clean generate images image-cuda grpc constraints
 
 # The four parts of the workspace (pyproject.toml), each installed editable from its folder.
 PARTS := carpool sidecar model_server operator
@@ -47,9 +47,10 @@ tools:
 demo: setup
 	$(VENV)/bin/carpool serve --handler text-embedding --demo-load
 
-# The CRD's spec.batching schema, written from carpool/contract/batching.py (the chart links it).
-crd: setup
-	$(PY) -m carpool.contract.crd crds/batchedmodels.carpool.dev.yaml
+# What the knob table (carpool/src/carpool/contract/batching.py) defines in other files: the
+# CRD's spec.batching, the chart's defaults and their schema, the docs' knob tables.
+generate: setup
+	$(PY) -m carpool.contract.generate
 
 lint: setup
 	$(VENV)/bin/ruff check .

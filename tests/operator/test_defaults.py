@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from carpool.contract.batching import Batching
+from carpool.contract.pod import default_variable as variable
 from carpool_operator.defaults import (
     DEFAULT_IMAGE,
     NAMES,
@@ -19,7 +20,6 @@ from carpool_operator.defaults import (
     DefaultsError,
     Setting,
     parse_defaults,
-    variable,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,6 +17,7 @@ its slot in the returned list hold an Exception.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import threading
@@ -27,7 +28,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 
-from carpool.contract.batching import Dispatch
+from carpool.contract.batching import IN_PROCESS_DEFAULTS, KNOBS
 from carpool.engine import bisection
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
@@ -226,30 +227,24 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 def batch(
     *,
-    max_batch_size: int = 32,
-    max_wait_ms: float = 5.0,
-    max_inflight_batches: int = 1,
-    max_queue_items: int = 1024,
-    timeout_ms: float = 30_000.0,
-    dispatch: Dispatch = "adaptive",
     registry: CollectorRegistry | None = None,
     name: str | None = None,
     group_by: Callable[[Any], Hashable] | None = None,
+    **knobs: Any,
 ) -> Callable[[Callable[[list[ItemT]], Any]], Batched[ItemT, Any]]:
     """Batch single-item calls of a function from a list of items to a list of results.
 
-    The knobs are the sidecar's (docs/sidecar.md). `registry` receives the sidecar's metrics
-    labelled `model=name` (default: the function's name); `group_by` keys items that may share
-    a batch (default: all may).
+    `knobs` are the sidecar's batching knobs by attribute name (`max_batch_size=32`,
+    `max_wait_ms=5`, ...: every field of `carpool.contract.batching.Batching`), with the
+    decorator's own defaults where they differ (`IN_PROCESS_DEFAULTS`). `registry` receives
+    the sidecar's metrics labelled `model=name` (default: the function's name); `group_by`
+    keys items that may share a batch (default: all may).
     """
-    settings = BatchingSettings(
-        max_batch_size=max_batch_size,
-        max_wait_ms=max_wait_ms,
-        max_inflight_batches=max_inflight_batches,
-        max_queue_items=max_queue_items,
-        timeout_ms=timeout_ms,
-        dispatch=dispatch,
-    )
+    unknown = sorted(set(knobs) - {knob.attribute for knob in KNOBS})
+    if unknown:
+        known = ", ".join(knob.attribute for knob in KNOBS)
+        raise TypeError(f"batch() got unknown knobs {unknown}; the knobs are {known}")
+    settings = BatchingSettings(**{**dataclasses.asdict(IN_PROCESS_DEFAULTS), **knobs})
 
     def wrap(function: Callable[[list[ItemT]], Any]) -> Batched[ItemT, Any]:
         return Batched(

@@ -23,32 +23,17 @@ import click
 
 from carpool import processes
 from carpool.contract import pod
-from carpool.contract.batching import DISPATCH_MODES
 from carpool.demo import report_lines, run_demo
 from carpool.guarded_folder import guarded_folder
+from carpool.knob_flags import knob_arguments, knob_options
 from carpool.supervisor import Supervised
 
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 40.0
 # How often a running pair is checked for a child that exited on its own.
 WATCH_S = 0.2
-# Batching flags handed to the sidecar as given.
-BATCHING_FLAGS = (
-    ("max-batch-size", int),
-    ("max-wait-ms", float),
-    ("max-inflight-batches", int),
-    ("max-queue-items", int),
-    ("timeout-ms", float),
-    ("max-batch-tokens", int),
-)
 # Model server flags handed on as given; --max-batch-size goes to both processes.
 MODEL_FLAGS = ["model-path", "device", "torch-threads", "max-batch-size"]
-
-
-def _batching_options(function: click.decorators.FC) -> click.decorators.FC:
-    for flag, kind in reversed(BATCHING_FLAGS):
-        function = click.option(f"--{flag}", type=kind, help="passed to the sidecar")(function)
-    return click.option("--dispatch", type=click.Choice(DISPATCH_MODES))(function)
 
 
 @click.command("serve")
@@ -60,7 +45,7 @@ def _batching_options(function: click.decorators.FC) -> click.decorators.FC:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--grpc-port", default=pod.GRPC_PORT, show_default=True, type=int, help="0: no gRPC")
-@_batching_options
+@knob_options(None)
 @click.option("--demo-load", is_flag=True, help="send a short load, print a report, stop")
 @click.option("--demo-clients", default=32, show_default=True, type=int)
 @click.option("--demo-seconds", default=5.0, show_default=True, type=float)
@@ -84,7 +69,7 @@ def command(
     # No load balancer to wait for locally: on a signal, stop accepting and drain at once.
     sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", "0"]
     model += _flags(passed, MODEL_FLAGS)
-    sidecar += _flags(passed, [flag for flag, _ in BATCHING_FLAGS] + ["dispatch"])
+    sidecar += knob_arguments(passed)
     demo = Demo(demo_clients, demo_seconds, demo_requests) if demo_load else None
     if demo is not None:
         threads = passed["torch_threads"] or "torch default"

@@ -43,14 +43,6 @@ def is_image(reference: str) -> bool:
     return bool(_IMAGE.match(reference))
 
 
-def flag(name: str) -> str:
-    return "--default-" + name.replace("_", "-")
-
-
-def variable(name: str) -> str:
-    return "CARPOOL_DEFAULT_" + name.upper()
-
-
 class DefaultsError(ValueError):
     """A default that cannot be used; the message names where it came from and its value."""
 

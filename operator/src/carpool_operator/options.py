@@ -14,6 +14,8 @@ import click
 from click.core import ParameterSource
 
 from carpool.contract.batching import KNOBS, Batching
+from carpool.contract.pod import default_flag as flag
+from carpool.contract.pod import default_variable as variable
 from carpool_operator.defaults import (
     DEFAULT_CUDA_IMAGE,
     DEFAULT_IMAGE,
@@ -22,9 +24,7 @@ from carpool_operator.defaults import (
     Defaults,
     DefaultsError,
     Setting,
-    flag,
     parse_defaults,
-    variable,
 )
 
 _META_KEY = "carpool_operator.defaults"

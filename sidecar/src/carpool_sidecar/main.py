@@ -15,9 +15,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from carpool import event_loop
-from carpool.contract.batching import DISPATCH_MODES, Dispatch
 from carpool.contract.pod import MODEL_SERVER_URL
 from carpool.engine.settings import BatchingSettings, ConfigError
+from carpool.knob_flags import knob_options, knob_values
 from carpool_sidecar.app import SIDECAR, create_app
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.grpc import server as grpc_server
@@ -45,14 +45,7 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("host", str, CONFIG.host, "listen address (0.0.0.0 in pods)")
 @_option("port", int, CONFIG.port, "listen port")
 @_option("config-file", click.Path(dir_okay=False), None, "batching settings JSON, live reload")
-@_option("max-batch-size", int, DEFAULTS.max_batch_size, "items per batch, at most")
-@_option("max-wait-ms", float, DEFAULTS.max_wait_ms, "longest a batch waits from its first item")
-@_option("max-inflight-batches", int, DEFAULTS.max_inflight_batches, "batches at the model at once")
-@_option("max-queue-items", int, DEFAULTS.max_queue_items, "queued items before 429")
-@_option("max-queue-bytes", int, DEFAULTS.max_queue_bytes, "queued tensor bytes before 429")
-@_option("timeout-ms", float, DEFAULTS.timeout_ms, "default and longest per-request deadline")
-@_option("dispatch", click.Choice(DISPATCH_MODES), DEFAULTS.dispatch, "when batches leave")
-@_option("max-batch-tokens", int, DEFAULTS.max_batch_tokens, "padded length budget, 0: none")
+@knob_options(DEFAULTS)
 @_option("max-body-bytes", int, CONFIG.max_body_bytes, "largest request body (413 above)")
 @_option("body-timeout-seconds", float, CONFIG.body_timeout_s, "body idle this long: 408")
 @_option("max-reading-bytes", int, CONFIG.max_reading_bytes, "bodies being read: 503 above")
@@ -66,14 +59,6 @@ def command(
     host: str,
     port: int,
     config_file: str | None,
-    max_batch_size: int,
-    max_wait_ms: float,
-    max_inflight_batches: int,
-    max_queue_items: int,
-    max_queue_bytes: int,
-    timeout_ms: float,
-    dispatch: Dispatch,
-    max_batch_tokens: int,
     max_body_bytes: int,
     body_timeout_seconds: float,
     max_reading_bytes: int,
@@ -81,21 +66,13 @@ def command(
     drain_delay_seconds: float,
     grpc_port: int,
     grpc_max_message_bytes: int | None,
+    **knobs: Any,
 ) -> None:
     """Batch inference requests for a co-located model server."""
     try:
         if not model_name:
             raise ConfigError("model-name: required (--model-name or CARPOOL_MODEL_NAME)")
-        batching = BatchingSettings(
-            max_batch_size=max_batch_size,
-            max_wait_ms=max_wait_ms,
-            max_inflight_batches=max_inflight_batches,
-            max_queue_items=max_queue_items,
-            max_queue_bytes=max_queue_bytes,
-            timeout_ms=timeout_ms,
-            dispatch=dispatch,
-            max_batch_tokens=max_batch_tokens,
-        )
+        batching = BatchingSettings(**knob_values(knobs))
         config = SidecarConfig(
             model_name=model_name,
             model_server=model_server,

@@ -1,9 +1,12 @@
 """The sidecar's batching knobs: file keys, attributes, types, bounds and defaults, once.
 
 `Batching` is the table: one field per knob, whose metadata gives its camelCase key (that of
-`spec.batching`, the ConfigMap's batching.json and `status.batching`), its bounds and what the
-CRD says of it. The sidecar checks its settings against `KNOBS`, the operator checks its
-defaults against them, and `carpool.contract.crd` writes the CRD's `spec.batching` from them.
+`spec.batching`, the ConfigMap's batching.json and `status.batching`), its bounds, a summary
+and what the CRD says of it. Every entry point derives its knobs from `KNOBS`: the sidecar's
+flags and variables and `carpool serve`'s flags (`carpool.knob_flags`), `carpool.batch()`'s
+keyword arguments, the operator's defaults, and the files `python -m carpool.contract.generate`
+writes (the CRD's `spec.batching`, the chart's `defaults` and their schema, the docs' tables).
+A new knob is a new field here, plus what it does.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Knob:
     key: str  # camelCase, as in spec.batching and batching.json
     attribute: str  # Batching's field; the sidecar's flag and variable derive from it
     default: float | str
+    summary: str  # a few words, for flags' help and the docs' tables
     description: str  # the CRD's, before the sentence on the operator's default
     minimum: int = 0
     maximum: int = 0
@@ -31,6 +35,21 @@ class Knob:
     # The sidecar takes fractions of a millisecond; spec.batching, like Kubernetes APIs in
     # general, takes whole numbers only, so the operator's values stay integers.
     fractional: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The sidecar's (and `carpool serve`'s) flag: `--max-batch-size`."""
+        return "--" + self.attribute.replace("_", "-")
+
+    @property
+    def variable(self) -> str:
+        """The sidecar's environment variable: `CARPOOL_MAX_BATCH_SIZE`."""
+        return "CARPOOL_" + self.attribute.upper()
+
+    @property
+    def kind(self) -> type:
+        """The Python type of its values."""
+        return str if self.choices else float if self.fractional else int
 
     def problem(self, value: object) -> str | None:
         """Why `value` is not a setting of this knob; None when it is one."""
@@ -44,9 +63,9 @@ class Knob:
         return f"must be {kind} from {self.minimum} to {self.maximum}"
 
 
-def _knob(key: str, description: str, **limits: Any) -> dict[str, Any]:
+def _knob(key: str, summary: str, description: str, **limits: Any) -> dict[str, Any]:
     """A field's metadata: the Knob it stands for, but for its attribute and default."""
-    return {"key": key, "description": description, **limits}
+    return {"key": key, "summary": summary, "description": description, **limits}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +76,7 @@ class Batching:
         default=32,
         metadata=_knob(
             "maxBatchSize",
+            "items per batch, at most",
             "The largest batch shipped to the model server, held to spec.model.maxBatchSize "
             "(a Warning event BatchSizeClamped says when it is).",
             minimum=1,
@@ -67,6 +87,7 @@ class Batching:
         default=5,
         metadata=_knob(
             "maxWaitMs",
+            "longest a forming batch waits, from its first item, in ms",
             "How long the first request of a batch waits for company.",
             minimum=0,
             maximum=10_000,
@@ -77,6 +98,7 @@ class Batching:
         default=2,
         metadata=_knob(
             "maxInflightBatches",
+            "batches running at once",
             "Batches running in the model server at once.",
             minimum=1,
             maximum=64,
@@ -86,6 +108,7 @@ class Batching:
         default=1024,
         metadata=_knob(
             "maxQueueItems",
+            "queued items before requests are refused (429)",
             "Queued items beyond which requests get 429.",
             minimum=1,
             maximum=1_000_000,
@@ -95,6 +118,7 @@ class Batching:
         default=256 * 1024 * 1024,
         metadata=_knob(
             "maxQueueBytes",
+            "queued tensor bytes before requests are refused (429; 413 for one above it)",
             "Bytes of queued tensor data beyond which requests get 429; a request larger "
             "than this alone gets 413.",
             minimum=1,
@@ -105,6 +129,7 @@ class Batching:
         default=30_000,
         metadata=_knob(
             "timeoutMs",
+            "default and longest per-request deadline, in ms",
             "A request's deadline from arrival to answer.",
             minimum=1,
             maximum=3_600_000,
@@ -116,6 +141,7 @@ class Batching:
         default=0,
         metadata=_knob(
             "maxBatchTokens",
+            "padded-length budget per variable-length batch; 0 is none",
             "Budget for variable-length inputs: the sum of padded lengths in one batch (text is "
             "measured in bytes); 0 means no budget.",
             minimum=0,
@@ -126,6 +152,7 @@ class Batching:
         default="timed",
         metadata=_knob(
             "dispatch",
+            "when batches leave: timed, adaptive or fixed",
             "timed ships a batch when the model server can start it, from learned batch "
             "durations, and waits up to maxWaitMs at an idle one only when a fuller batch pays; "
             "adaptive ships a batch as soon as the model server is idle, otherwise when full or "
@@ -156,3 +183,6 @@ KNOBS: tuple[Knob, ...] = tuple(
     for each in dataclasses.fields(Batching)
 )
 KNOB_BY_KEY: Mapping[str, Knob] = {knob.key: knob for knob in KNOBS}
+# `carpool.batch()`'s defaults where they differ from the sidecar's: one call of the function at
+# a time, and adaptive dispatch (a function does not time its batches as a model server does).
+IN_PROCESS_DEFAULTS = Batching(max_inflight_batches=1, dispatch="adaptive")

@@ -1,15 +1,13 @@
-"""Write the CRD's `spec.batching` schema from the knobs: `python -m carpool.contract.crd FILE`.
+"""The CRD's `spec.batching` schema, written from the knobs (`carpool.contract.generate`).
 
 Only that block of the file is rewritten, so the rest of the CRD (hand-written, with its
-comments and CEL rules) stays as it is. `make crd` runs this; a test fails when the committed
+comments and CEL rules) stays as it is. `make generate` runs this; a test fails when the committed
 CRD differs from what it would write.
 """
 
 from __future__ import annotations
 
-import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 from carpool.contract.batching import KNOBS, Knob
@@ -74,16 +72,3 @@ def with_batching(crd: str) -> str:
         end += 1
     block = [_HEADER, *_lines(batching_schema(), _INDENT + "  ")]
     return "\n".join([*lines[:start], *block, *lines[end:]]) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m carpool.contract.crd CRD_FILE", file=sys.stderr)
-        return 2
-    path = Path(argv[0])
-    path.write_text(with_batching(path.read_text()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

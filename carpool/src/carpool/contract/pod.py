@@ -67,3 +67,14 @@ class SidecarFlag:
 # How the model server's termination message starts when its model failed to load; the
 # operator reports such a message as ModelLoadFailed.
 LOAD_FAILED = "model load failed: "
+
+
+def default_flag(name: str) -> str:
+    """The operator's flag for a default it applies, by setting name: `--default-max-wait-ms`;
+    the chart passes the same as `default_variable(name)`."""
+    return "--default-" + name.replace("_", "-")
+
+
+def default_variable(name: str) -> str:
+    """The operator's variable for a default it applies: `CARPOOL_DEFAULT_MAX_WAIT_MS`."""
+    return "CARPOOL_DEFAULT_" + name.upper()
