@@ -32,7 +32,6 @@ from carpool.contract.batching import IN_PROCESS_DEFAULTS, KNOBS
 from carpool.engine import bisection
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
-    CLIENT_GONE,
     BadModelResponse,
     DeadlineExceeded,
     QueueFull,
@@ -53,7 +52,6 @@ BatchFunction = Callable[[list[ItemT]], Awaitable[Sequence[Any]] | Sequence[Any]
 # Seconds a closing batcher waits for queued calls to be answered.
 CLOSE_GRACE_S = 30.0
 _OK = 200
-_FAILED = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,21 +106,12 @@ class Batched(Generic[ItemT, ResultT]):
         started = loop.time()
         timeout_s = (self._settings.timeout_ms if timeout_ms is None else timeout_ms) / 1000
         key = BatchKey(None if self._group_by is None else self._group_by(item))
-        status = CLIENT_GONE
-        try:
+        with self.metrics.answering(IN_PROCESS, loop.time, started) as answer:
             (outcome,) = await batcher.submit([item], key, started + timeout_s, priority=priority)
             if isinstance(outcome, Exception):
-                status = _FAILED
-                raise outcome
-            status = _OK
+                raise outcome  # counted 500: the function failed on this item
+            answer.status = _OK
             return outcome
-        except SidecarError as error:
-            status = error.status
-            if error.rejected_reason is not None:
-                self.metrics.reject(error.rejected_reason)
-            raise
-        finally:
-            self.metrics.answered(status, loop.time() - started, IN_PROCESS)
 
     def blocking(
         self, item: ItemT, *, priority: int = 0, timeout_ms: float | None = None

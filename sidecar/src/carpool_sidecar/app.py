@@ -8,6 +8,7 @@ The middleware is the one place errors become HTTP. The object graph comes from 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,7 +20,8 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from carpool.contract.metadata import TensorSpec
-from carpool.engine.errors import CLIENT_GONE, SidecarError
+from carpool.engine.errors import SidecarError
+from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool_sidecar import operations as op
 from carpool_sidecar.build import Sidecar, build_sidecar
@@ -51,31 +53,32 @@ def error_response(status: int, message: str, extra: dict[str, str] | None = Non
 @web.middleware
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[SIDECAR].metrics
-    counted = request.match_info.route.name in INFERENCE_ROUTES
     loop = asyncio.get_running_loop()
-    started = loop.time()
-    response: web.StreamResponse | None = None
+    counting = (
+        metrics.answering("rest", loop.time)
+        if request.match_info.route.name in INFERENCE_ROUTES
+        else contextlib.nullcontext(Answer())
+    )
     try:
-        try:
-            response = await handler(request)
-        except SidecarError as error:
-            if error.rejected_reason is not None:
-                metrics.reject(error.rejected_reason)
-            response = error_response(error.status, error.message, error.headers)
-            if error.close_connection:
-                response.force_close()
-        except web.HTTPException as error:
-            # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
-            response = error_response(error.status, error.reason)
-        except Exception:
-            log.exception("unexpected error in %s %s", request.method, request.path)
-            response = error_response(500, "internal error; see the sidecar log")
+        with counting as answer:
+            try:
+                response = await handler(request)
+            except web.HTTPException as error:
+                answer.status = error.status
+                raise
+            answer.status = response.status
+            return response
+    except SidecarError as error:
+        response = error_response(error.status, error.message, error.headers)
+        if error.close_connection:
+            response.force_close()
         return response
-    finally:
-        if counted:
-            # No response: the handler was cancelled because the client left.
-            status = CLIENT_GONE if response is None else response.status
-            metrics.answered(status, loop.time() - started, "rest")
+    except web.HTTPException as error:
+        # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
+        return error_response(error.status, error.reason)
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        return error_response(500, "internal error; see the sidecar log")
 
 
 async def read_body(request: web.Request, deadline: float) -> bytearray:

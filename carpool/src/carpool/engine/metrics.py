@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from carpool.engine.errors import CLIENT_GONE, SidecarError
 
 BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))  # 1, 2, 4 ... 1024
 LATENCY_BUCKETS = (
@@ -14,6 +20,13 @@ PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 PROTOCOLS = ("rest", "grpc")
 # The `protocol` of calls to a `carpool.batch` function, which has no network front.
 IN_PROCESS = "inprocess"
+
+
+@dataclass(slots=True)
+class Answer:
+    """How one request was answered, as its front learns it; a caller who left is the default."""
+
+    status: int = CLIENT_GONE
 
 
 class SidecarMetrics:
@@ -132,3 +145,31 @@ class SidecarMetrics:
         requests, duration = children
         requests.inc()
         duration.observe(seconds)
+
+    @contextmanager
+    def answering(
+        self, protocol: str, clock: Callable[[], float], started: float | None = None
+    ) -> Iterator[Answer]:
+        """Count one request once, however it ends: the one place every front (REST, gRPC,
+        `carpool.batch`) counts its answers.
+
+        The front sets `status` when it answers; a SidecarError gives its own status (and
+        its refusal reason), another exception 500 unless the front set one, and a request
+        whose front never answered (cancelled: the caller left) counts as CLIENT_GONE. Its
+        time runs from `started` (default: now) by `clock`.
+        """
+        answer = Answer()
+        begun = clock() if started is None else started
+        try:
+            yield answer
+        except SidecarError as error:
+            answer.status = error.status
+            if error.rejected_reason is not None:
+                self.reject(error.rejected_reason)
+            raise
+        except Exception:
+            if answer.status == CLIENT_GONE:  # unless the front said what it answers
+                answer.status = 500
+            raise
+        finally:
+            self.answered(answer.status, clock() - begun, protocol)

@@ -26,7 +26,7 @@ from carpool.contract.oip_grpc.inference_pb2 import (
     ServerReadyResponse,
 )
 from carpool.contract.oip_grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
-from carpool.engine.errors import CLIENT_GONE, DeadlineExceeded, SidecarError
+from carpool.engine.errors import DeadlineExceeded, SidecarError
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc import codec, status
@@ -87,29 +87,24 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         arrived_at = loop.time()
         # Seconds left of the client's deadline; None when it set none.
         remaining = context.time_remaining()
-
-        def answered(code: int) -> None:
-            # Counted before the status goes out, so a caller who reads /metrics sees it.
-            self._metrics.answered(code, loop.time() - arrived_at, PROTOCOL)
-
         try:
-            response = await self._infer(request, arrived_at, remaining)
+            # Counted before the status goes out, so a caller who reads /metrics sees it.
+            with self._metrics.answering(PROTOCOL, loop.time, arrived_at) as answer:
+                try:
+                    response = await self._infer(request, arrived_at, remaining)
+                except asyncio.CancelledError:
+                    # grpc.aio cancels the method at the deadline by its own clock, which may
+                    # run a hair ahead of the loop's.
+                    deadline = None if remaining is None else arrived_at + remaining
+                    if deadline is not None and loop.time() >= deadline - CLOCK_SLACK_S:
+                        answer.status = DeadlineExceeded.status
+                    raise
+                answer.status = 200
         except SidecarError as error:
-            answered(error.status)
-            if error.rejected_reason is not None:
-                self._metrics.reject(error.rejected_reason)
             await status.abort(context, error)
-        except asyncio.CancelledError:
-            # grpc.aio cancels the method at the deadline by its own clock, which may run a
-            # hair ahead of the loop's.
-            late = remaining is not None and loop.time() >= arrived_at + remaining - CLOCK_SLACK_S
-            answered(DeadlineExceeded.status if late else CLIENT_GONE)
-            raise
         except Exception:
             log.exception("unexpected error in ModelInfer")
-            answered(INTERNAL_ERROR.status)
             await status.abort(context, INTERNAL_ERROR)
-        answered(200)
         return response
 
     async def _infer(
