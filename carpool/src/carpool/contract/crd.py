@@ -1,16 +1,19 @@
-"""The CRD's `spec.batching` schema, written from the knobs (`carpool.contract.generate`).
+"""The CRD's parts written from the contract (`carpool.contract.generate`): the
+`spec.batching` schema from the knobs, and the built-in handlers named in `spec.model.handler`.
 
-Only that block of the file is rewritten, so the rest of the CRD (hand-written, with its
-comments and CEL rules) stays as it is. `make generate` runs this; a test fails when the committed
-CRD differs from what it would write.
+Only those blocks of the file are rewritten, so the rest of the CRD (hand-written, with its
+comments and CEL rules) stays as it is. `make generate` runs this; a test fails when the
+committed CRD differs from what it would write.
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any
 
 from carpool.contract.batching import KNOBS, Knob
+from carpool.contract.handlers import BUILTIN_HANDLERS
 
 # Where the block sits in the CRD: under spec's properties, before status.
 _SPEC = "            spec:"
@@ -72,3 +75,29 @@ def with_batching(crd: str) -> str:
         end += 1
     block = [_HEADER, *_lines(batching_schema(), _INDENT + "  ")]
     return "\n".join([*lines[:start], *block, *lines[end:]]) + "\n"
+
+
+# The handler's description, which names the built-ins (`carpool.contract.handlers`).
+_HANDLER = re.compile(
+    r"(?m)^(?P<indent> +)handler:\n(?P=indent)  type: string\n(?P=indent)  description: >-\n"
+    r"(?:(?P=indent)    .*\n)+"
+)
+
+
+def with_handlers(crd: str) -> str:
+    """The CRD text with spec.model.handler's description naming every built-in handler."""
+    names = ", ".join(BUILTIN_HANDLERS)
+    text = (
+        f"A built-in handler ({names}) or a Python class as module:Class importable in the image."
+    )
+
+    def block(match: re.Match[str]) -> str:
+        indent = match.group("indent")
+        head = f"{indent}handler:\n{indent}  type: string\n{indent}  description: >-\n"
+        wrapped = textwrap.wrap(text, _WIDTH - len(indent) - 4, break_on_hyphens=False)
+        return head + "".join(f"{indent}    {line}\n" for line in wrapped)
+
+    written, count = _HANDLER.subn(block, crd, count=1)
+    if count != 1:
+        raise ValueError("no spec.model.handler with a folded description in the CRD")
+    return written

@@ -2,7 +2,8 @@
 
     python -m carpool.contract.generate [REPOSITORY]
 
-- the CRD's `spec.batching` schema (`crds/batchedmodels.carpool.dev.yaml`, see `crd`);
+- the CRD's `spec.batching` schema and the built-in handlers its `spec.model.handler`
+  names (`crds/batchedmodels.carpool.dev.yaml`, see `crd`);
 - the chart's `defaults:` values, with their comments, and their schema
   (`charts/carpool/values.yaml`, `values.schema.json`);
 - the docs' knob tables, each between `<!-- knobs: NAME -->` and `<!-- end knobs -->`.
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from carpool.contract.batching import IN_PROCESS_DEFAULTS, KNOBS, Knob
-from carpool.contract.crd import with_batching
+from carpool.contract.crd import with_batching, with_handlers
 from carpool.contract.pod import default_flag, default_variable
 
 _WIDTH = 100
@@ -132,7 +133,7 @@ def with_tables(document: str) -> str:
 # ---- every file -------------------------------------------------------------------------
 
 WRITERS: dict[str, Callable[[str], str]] = {
-    "crds/batchedmodels.carpool.dev.yaml": with_batching,
+    "crds/batchedmodels.carpool.dev.yaml": lambda crd: with_handlers(with_batching(crd)),
     "charts/carpool/values.yaml": with_chart_defaults,
     "charts/carpool/values.schema.json": with_chart_schema,
     "docs/sidecar.md": with_tables,
