@@ -8,14 +8,12 @@ is stored, and an update that breaks one is refused like a create.
 from __future__ import annotations
 
 import copy
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from support.kube_api import ServedKubeApi
+from support.kube_http import call
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NAME = "samples.test.carpool.dev"
@@ -28,25 +26,6 @@ Json = dict[str, Any]
 def served() -> Iterator[ServedKubeApi]:
     with ServedKubeApi() as server:
         yield server
-
-
-def call(
-    served: ServedKubeApi,
-    method: str,
-    path: str,
-    body: Any = None,
-    content_type: str = "application/json",
-) -> tuple[int, Json]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(served.url + path, data=data, method=method)
-    request.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            answer: Json = json.loads(response.read())
-            return response.status, answer
-    except urllib.error.HTTPError as error:
-        refusal: Json = json.loads(error.read())
-        return error.code, refusal
 
 
 def sample_crd(spec_schema: Json | None = None, metadata: Json | None = None, **root: Any) -> Json:

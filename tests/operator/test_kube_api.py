@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support.kube_api import ServedKubeApi
 from support.kube_cluster import Cluster
+from support.kube_http import call
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -20,23 +21,6 @@ DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 def served() -> Iterator[ServedKubeApi]:
     with ServedKubeApi() as server:
         yield server
-
-
-def call(
-    served: ServedKubeApi,
-    method: str,
-    path: str,
-    body: Any = None,
-    content_type: str = "application/json",
-) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(served.url + path, data=data, method=method)
-    request.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def watch(served: ServedKubeApi, path: str) -> list[dict[str, Any]]:

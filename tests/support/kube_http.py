@@ -1,0 +1,28 @@
+"""Plain HTTP calls to the test API server, as a client without kubectl would make them."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from support.kube_api import ServedKubeApi
+
+
+def call(
+    served: ServedKubeApi,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
+    """The status and JSON answer of one request (an error status is an answer too)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(served.url + path, data=data, method=method)
+    request.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
