@@ -1,24 +1,40 @@
 """`carpool render -f bm.yaml`: print a BatchedModel's child manifests as a YAML stream.
 
-Each BatchedModel is first checked as the API server would check it (the CRD's schema and CEL
-rules, see schema.py), then as the operator would (spec.py). Every problem is one line on
-stderr, `NAME: FIELD: MESSAGE`; any problem means exit code 2 and no output.
+The file is untrusted input: it is read within bounds (bounded_yaml.py) and each of its
+documents must be a Kubernetes object; those of the CRD's group or kind must be the
+BatchedModel the CRD serves, with a name. Other objects (a Namespace beside the models) are
+skipped. Each BatchedModel is then checked as the API server would check it (the CRD's schema
+and CEL rules, see schema.py), then as the operator would (spec.py).
+
+A problem with the file is one line `Error: FILE: [line L: ]PROBLEM`; a problem with a
+BatchedModel is one line `NAME: FIELD: MESSAGE`. Any problem means exit code 2 and no output.
 """
 
 from __future__ import annotations
 
-from typing import IO, Any
+import sys
+from typing import Any
 
 import click
 import yaml
 
+from carpool_operator.bounded_yaml import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_DOCUMENTS,
+    Document,
+    YamlInputError,
+    load_documents,
+    read_bounded,
+)
 from carpool_operator.options import default_options, defaults_from
-from carpool_operator.render import KIND, render
-from carpool_operator.schema import admit
+from carpool_operator.render import render
+from carpool_operator.schema import admit, json_type, served
 from carpool_operator.spec import SpecError
 from carpool_operator.types import Manifest
 
 INVALID = 2
+STDIN = "-"
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -28,11 +44,64 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+class FileProblem(Exception):
+    """What is wrong with the file, or with one of its documents (then `line` says which)."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
+def _read(path: str) -> list[Document]:
+    try:
+        if path == STDIN:
+            data = read_bounded(sys.stdin.buffer)
+        else:
+            with open(path, "rb") as stream:
+                data = read_bounded(stream)
+        return load_documents(data)
+    except OSError as error:
+        raise FileProblem(f"cannot read it: {error.strerror or error}") from None
+    except YamlInputError as error:
+        where = f"{error.where}: " if error.where else ""
+        raise FileProblem(where + error.message) from None
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def _batched_model(document: Document) -> Manifest | None:
+    """The document as a BatchedModel, None if it is some other object; else why not."""
+    body = document.value
+    if not isinstance(body, dict):
+        found = "list" if isinstance(body, list) else json_type(body)
+        raise FileProblem(f"not a Kubernetes object but {_a(found)}", document.line)
+    api_version, kind = body.get("apiVersion"), body.get("kind")
+    if not (isinstance(api_version, str) and api_version and isinstance(kind, str) and kind):
+        raise FileProblem("apiVersion and kind are required", document.line)
+    our_version, our_kind = served()
+    if (api_version, kind) != (our_version, our_kind):
+        if kind != our_kind and api_version.split("/")[0] != our_version.split("/")[0]:
+            return None
+        known = f"carpool render knows {our_version} {our_kind}"
+        raise FileProblem(f"{api_version} {kind} is not served: {known}", document.line)
+    metadata = body.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if name is None or name == "":
+        message = "metadata.name: Required value: carpool render names the children after it"
+        raise FileProblem(message, document.line)
+    if not isinstance(name, str):
+        message = f'metadata.name: Invalid value: "{json_type(name)}": must be a string'
+        raise FileProblem(message, document.line)
+    return body
+
+
 def _children(
     document: Manifest, defaults: Any, podmonitor: bool
 ) -> tuple[list[Manifest], list[str]]:
-    metadata = document.get("metadata")
-    name = str(metadata.get("name", "?")) if isinstance(metadata, dict) else "?"
+    name = document["metadata"]["name"]
     admitted, causes = admit(document)
     if causes:
         return [], [f"{name}: {cause.field}: {cause.message}" for cause in causes]
@@ -42,13 +111,51 @@ def _children(
         return [], [f"{name}: {error.reason}: {error.message}"]
 
 
-@click.command()
+def _render_file(path: str, defaults: Any, podmonitor: bool) -> tuple[list[Manifest], list[str]]:
+    """The children of every BatchedModel in the file, and one line per problem."""
+    label = "<stdin>" if path == STDIN else path
+
+    def line_of(problem: FileProblem) -> str:
+        where = f"line {problem.line}: " if problem.line is not None else ""
+        return f"Error: {label}: {where}{problem.message}"
+
+    try:
+        documents = _read(path)
+    except FileProblem as problem:
+        return [], [line_of(problem)]
+    manifests: list[Manifest] = []
+    problems: list[str] = []
+    models = 0
+    for document in documents:
+        try:
+            body = _batched_model(document)
+        except FileProblem as problem:
+            problems.append(line_of(problem))
+            continue
+        if body is None:
+            continue
+        models += 1
+        children, found = _children(body, defaults, podmonitor)
+        manifests += children
+        problems += found
+    if not models and not problems:
+        api_version, kind = served()
+        problems.append(line_of(FileProblem(f"no {kind} in it (apiVersion {api_version})")))
+    return manifests, problems
+
+
+@click.command(
+    epilog=(
+        f"Bounds: at most {MAX_BYTES} bytes, {MAX_DOCUMENTS} YAML documents, {MAX_DEPTH} levels "
+        "of nesting; no YAML anchors or aliases."
+    )
+)
 @click.option(
     "-f",
     "--filename",
     "source",
-    type=click.File("r"),
     required=True,
+    metavar="FILE",
     help="A YAML file (or - for stdin) with one or more BatchedModel objects.",
 )
 @default_options
@@ -59,27 +166,16 @@ def _children(
     help="Whether the cluster serves monitoring.coreos.com (PodMonitor).",
 )
 @click.pass_context
-def command(context: click.Context, source: IO[str], podmonitor: bool) -> None:
+def command(context: click.Context, source: str, podmonitor: bool) -> None:
     """Print the manifests the operator would create for each BatchedModel in a file.
 
     The --default-* options (and CARPOOL_DEFAULT_* variables) are the operator's: pass the
-    ones your operator runs with to see what it renders. Exit code 2: the file holds a
-    BatchedModel that the API server or the operator would refuse (one line per problem).
+    ones your operator runs with to see what it renders. Exit code 2: the file is not one
+    carpool render reads, or holds a BatchedModel that the API server or the operator would
+    refuse (one line per problem).
     """
     defaults = defaults_from(context)
-    try:
-        documents = list(yaml.safe_load_all(source))
-    except yaml.YAMLError as error:
-        click.echo(f"{source.name}: not YAML: {error}".replace("\n", " "), err=True)
-        context.exit(INVALID)
-    manifests: list[Manifest] = []
-    problems: list[str] = []
-    for document in documents:
-        if not isinstance(document, dict) or document.get("kind") != KIND:
-            continue
-        children, found = _children(document, defaults, podmonitor)
-        manifests += children
-        problems += found
+    manifests, problems = _render_file(source, defaults, podmonitor)
     for problem in problems:
         click.echo(problem, err=True)
     if problems:

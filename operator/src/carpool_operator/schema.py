@@ -35,10 +35,21 @@ def crd() -> dict[str, Any]:
     return loaded
 
 
+def _storage_version() -> dict[str, Any]:
+    (version,) = [v for v in crd()["spec"]["versions"] if v.get("storage")]
+    return dict(version)
+
+
+def served() -> tuple[str, str]:
+    """The apiVersion and kind of the BatchedModels the CRD serves (its storage version)."""
+    version = _storage_version()
+    assert version.get("served"), "the storage version is not served"
+    return f"{crd()['spec']['group']}/{version['name']}", str(crd()["spec"]["names"]["kind"])
+
+
 def model_schema() -> dict[str, Any]:
     """The BatchedModel's openAPIV3Schema (the storage version's)."""
-    (version,) = [v for v in crd()["spec"]["versions"] if v.get("storage")]
-    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    schema: dict[str, Any] = _storage_version()["schema"]["openAPIV3Schema"]
     return schema
 
 
@@ -54,6 +65,22 @@ def cel_holds(rule: str, node: Any) -> bool:
         return bool(_program(rule).evaluate({"self": json_to_cel(node)}))
     except CELEvalError:
         return False
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a value: what the API server calls it in its messages."""
+    if value is None:
+        return "null"
+    for name in ("boolean", "integer", "number", "string", "object", "array"):
+        if _is(value, name):
+            return name
+    return type(value).__name__
+
+
+def _is(value: Any, expected: str) -> bool:
+    if isinstance(value, bool) and expected in ("integer", "number"):
+        return False
+    return isinstance(value, _JSON_TYPES[expected])
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
