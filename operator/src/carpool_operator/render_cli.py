@@ -4,7 +4,9 @@ The file is untrusted input: it is read within bounds (bounded_yaml.py) and each
 documents must be a Kubernetes object; those of the CRD's group or kind must be the
 BatchedModel the CRD serves, with a name. Other objects (a Namespace beside the models) are
 skipped. Each BatchedModel is then checked as the API server would check it (the CRD's schema
-and CEL rules, see schema.py), then as the operator would (spec.py).
+and CEL rules, see schema.py), its free-form parts against Kubernetes' own schemas
+(free_form.py, when kubernetes-validate is installed; else a warning says what was not
+checked), then as the operator would (spec.py).
 
 A problem with the file is one line `Error: FILE: [line L: ]PROBLEM`; a problem with a
 BatchedModel is one line `NAME: FIELD: MESSAGE`. Any problem means exit code 2 and no output.
@@ -18,6 +20,7 @@ from typing import Any
 import click
 import yaml
 
+from carpool_operator import free_form
 from carpool_operator.bounded_yaml import (
     MAX_BYTES,
     MAX_DEPTH,
@@ -99,10 +102,16 @@ def _batched_model(document: Document) -> Manifest | None:
 
 
 def _children(
-    document: Manifest, defaults: Any, podmonitor: bool
+    document: Manifest, defaults: Any, podmonitor: bool, unchecked: set[str]
 ) -> tuple[list[Manifest], list[str]]:
+    """The BatchedModel's children, or one line per problem; `unchecked` collects the
+    free-form parts left unchecked for want of kubernetes-validate."""
     name = document["metadata"]["name"]
     admitted, causes = admit(document)
+    if free_form.available():
+        causes += free_form.check(admitted)
+    else:
+        unchecked.update(pattern for pattern, _, _ in free_form.parts(admitted))
     if causes:
         return [], [f"{name}: {cause.field}: {cause.message}" for cause in causes]
     try:
@@ -111,7 +120,9 @@ def _children(
         return [], [f"{name}: {error.reason}: {error.message}"]
 
 
-def _render_file(path: str, defaults: Any, podmonitor: bool) -> tuple[list[Manifest], list[str]]:
+def _render_file(
+    path: str, defaults: Any, podmonitor: bool, unchecked: set[str]
+) -> tuple[list[Manifest], list[str]]:
     """The children of every BatchedModel in the file, and one line per problem."""
     label = "<stdin>" if path == STDIN else path
 
@@ -135,7 +146,7 @@ def _render_file(path: str, defaults: Any, podmonitor: bool) -> tuple[list[Manif
         if body is None:
             continue
         models += 1
-        children, found = _children(body, defaults, podmonitor)
+        children, found = _children(body, defaults, podmonitor, unchecked)
         manifests += children
         problems += found
     if not models and not problems:
@@ -175,9 +186,18 @@ def command(context: click.Context, source: str, podmonitor: bool) -> None:
     refuse (one line per problem).
     """
     defaults = defaults_from(context)
-    manifests, problems = _render_file(source, defaults, podmonitor)
+    unchecked: set[str] = set()
+    manifests, problems = _render_file(source, defaults, podmonitor, unchecked)
     for problem in problems:
         click.echo(problem, err=True)
+    if unchecked:
+        parts = ", ".join(pattern for pattern in free_form.FREE_FORM if pattern in unchecked)
+        version = free_form.KUBERNETES_VERSION
+        click.echo(
+            f"Warning: {parts} not checked against Kubernetes {version}'s schemas: "
+            f"install {free_form.EXTRA} (kubernetes-validate) to check them",
+            err=True,
+        )
     if problems:
         context.exit(INVALID)
     click.echo(yaml.dump_all(manifests, Dumper=_PlainDumper, sort_keys=False), nl=False)

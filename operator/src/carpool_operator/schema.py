@@ -108,7 +108,7 @@ class Cause:
     reason: str = "FieldValueInvalid"
 
 
-def _quote(value: Any) -> str:
+def quote(value: Any) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     if isinstance(value, bool):
@@ -177,8 +177,8 @@ def prune(node: Any, schema: dict[str, Any], path: str = "") -> list[str]:
 def _check_scalar(node: Any, schema: dict[str, Any], path: str) -> list[Cause]:
     causes: list[Cause] = []
     if "enum" in schema and node not in schema["enum"]:
-        allowed = ", ".join(_quote(value) for value in schema["enum"])
-        message = f"Unsupported value: {_quote(node)}: supported values: {allowed}"
+        allowed = ", ".join(quote(value) for value in schema["enum"])
+        message = f"Unsupported value: {quote(node)}: supported values: {allowed}"
         causes.append(Cause(path, message, "FieldValueNotSupported"))
     if isinstance(node, int | float) and not isinstance(node, bool):
         if "minimum" in schema and node < schema["minimum"]:
@@ -190,13 +190,13 @@ def _check_scalar(node: Any, schema: dict[str, Any], path: str) -> list[Cause]:
     if isinstance(node, str):
         if "minLength" in schema and len(node) < schema["minLength"]:
             message = f"{path} in body should be at least {schema['minLength']} chars long"
-            causes.append(Cause(path, f"Invalid value: {_quote(node)}: {message}"))
+            causes.append(Cause(path, f"Invalid value: {quote(node)}: {message}"))
         if "maxLength" in schema and len(node) > schema["maxLength"]:
             message = f"may not be more than {schema['maxLength']} bytes"
             causes.append(Cause(path, f"Too long: {message}", "FieldValueTooLong"))
         if "pattern" in schema and not re.search(schema["pattern"], node):
             message = f"{path} in body should match '{schema['pattern']}'"
-            causes.append(Cause(path, f"Invalid value: {_quote(node)}: {message}"))
+            causes.append(Cause(path, f"Invalid value: {quote(node)}: {message}"))
     return causes
 
 
@@ -209,7 +209,7 @@ def _go_value(value: Any) -> str:
         return "[]interface {}{" + ", ".join(_go_value(item) for item in value) + "}"
     if value is None:
         return "interface {}(nil)"
-    return _quote(value) if isinstance(value, str | bool) else str(value)
+    return quote(value) if isinstance(value, str | bool) else str(value)
 
 
 def _list_type_causes(node: list[Any], schema: dict[str, Any], path: str) -> list[Cause]:
@@ -222,7 +222,7 @@ def _list_type_causes(node: list[Any], schema: dict[str, Any], path: str) -> lis
     if kind == "map":
         for index, item in enumerate(node):
             if item is not None and not isinstance(item, dict):
-                message = f"Invalid value: {_quote(item)}: must be an object for an array of "
+                message = f"Invalid value: {quote(item)}: must be an object for an array of "
                 return [Cause(f"{path}[{index}]", message + "list-type map")]
         names = schema.get("x-kubernetes-list-map-keys", [])
         keys = []
@@ -237,7 +237,7 @@ def _list_type_causes(node: list[Any], schema: dict[str, Any], path: str) -> lis
             seen.append(key)
         elif key not in reported:
             reported.append(key)
-            shown = _go_value(key) if isinstance(key, dict | list) or key is None else _quote(key)
+            shown = _go_value(key) if isinstance(key, dict | list) or key is None else quote(key)
             message = f"Duplicate value: {shown}"
             causes.append(Cause(f"{path}[{index}]", message, "FieldValueDuplicate"))
     return causes
@@ -268,7 +268,7 @@ def validate(node: Any, schema: dict[str, Any], path: str = "") -> list[Cause]:
     return causes + _check_rules(node, schema, path)
 
 
-def _type_cause(path: str, node: Any, expected: str) -> Cause:
+def type_cause(path: str, node: Any, expected: str) -> Cause:
     found = json_type(node)
     message = f'{path} in body must be of type {expected}: "{found}"'
     return Cause(path, f'Invalid value: "{found}": {message}', "FieldValueTypeInvalid")
@@ -278,12 +278,12 @@ def _check_structure(node: Any, schema: dict[str, Any], path: str) -> list[Cause
     if schema.get("x-kubernetes-int-or-string"):
         if isinstance(node, int | str) and not isinstance(node, bool):
             return _check_scalar(node, schema, path)  # bounds for integers, pattern for strings
-        return [_type_cause(path, node, "integer,string")]
+        return [type_cause(path, node, "integer,string")]
     expected = schema.get("type")
     if expected is not None and not _is(node, expected):
         if node is None and schema.get("nullable"):
             return []
-        return [_type_cause(path, node, expected)]
+        return [type_cause(path, node, expected)]
     causes = _check_scalar(node, schema, path)
     if isinstance(node, dict):
         for key in schema.get("required", []):
