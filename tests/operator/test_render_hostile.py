@@ -183,3 +183,44 @@ def test_a_stream_of_objects_renders_its_batched_models(tmp_path: Path) -> None:
         if doc["kind"] == "Deployment"
     ]
     assert deployments == ["first", "second"]
+
+
+RFC_1123_LABEL = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
+    "must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex "
+    "used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "line"),
+    [
+        (
+            {"namespace": "Machine Learning"},
+            f'metadata.namespace: Invalid value: "Machine Learning": {RFC_1123_LABEL}',
+        ),
+        (
+            {"namespace": "n" * 64},
+            "metadata.namespace: Invalid value: "
+            + f'"{"n" * 64}": must be no more than 63 characters',
+        ),
+        ({"namespace": 5}, 'metadata.namespace: Invalid value: "integer": must be of type string'),
+        (
+            {"generation": "x"},
+            'metadata.generation: Invalid value: "string": must be of type integer',
+        ),
+        ({"uid": {"a": 1}}, 'metadata.uid: Invalid value: "object": must be of type string'),
+    ],
+    ids=["namespace", "long-namespace", "number-namespace", "generation", "uid"],
+)
+def test_the_metadata_render_reads_is_checked(
+    tmp_path: Path, metadata: dict[str, Any], line: str
+) -> None:
+    """The fields of metadata that reach the children, as the API server checks them."""
+    body = model("meta")
+    body["metadata"].update(metadata)
+    path = tmp_path / "meta.yaml"
+    path.write_bytes(text(body))
+    result = carpool_render("-f", str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [f"meta: {line}"]

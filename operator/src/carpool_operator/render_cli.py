@@ -2,11 +2,11 @@
 
 The file is untrusted input: it is read within bounds (bounded_yaml.py) and each of its
 documents must be a Kubernetes object; those of the CRD's group or kind must be the
-BatchedModel the CRD serves, with a name. Other objects (a Namespace beside the models) are
-skipped. Each BatchedModel is then checked as the API server would check it (the CRD's schema
-and CEL rules, see schema.py), its free-form parts against Kubernetes' own schemas
-(free_form.py, when kubernetes-validate is installed; else a warning says what was not
-checked), then as the operator would (spec.py).
+BatchedModel the CRD serves, with a name (documents.py). Other objects (a Namespace beside
+the models) are skipped. Each BatchedModel is then checked as the API server would check it
+(the CRD's schema and CEL rules, see schema.py), its free-form parts against Kubernetes' own
+schemas (free_form.py, when kubernetes-validate is installed; else a warning says what was
+not checked), then as the operator would (spec.py).
 
 A problem with the file is one line `Error: FILE: [line L: ]PROBLEM`; a problem with a
 BatchedModel is one line `NAME: FIELD: MESSAGE`. Any problem means exit code 2 and no output.
@@ -30,9 +30,10 @@ from carpool_operator.bounded_yaml import (
     load_documents,
     read_bounded,
 )
+from carpool_operator.documents import DocumentProblem, batched_model, metadata_causes
 from carpool_operator.options import default_options, defaults_from
 from carpool_operator.render import render
-from carpool_operator.schema import admit, json_type, served
+from carpool_operator.schema import admit, served
 from carpool_operator.spec import SpecError
 from carpool_operator.types import Manifest
 
@@ -48,12 +49,7 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 class FileProblem(Exception):
-    """What is wrong with the file, or with one of its documents (then `line` says which)."""
-
-    def __init__(self, message: str, line: int | None = None):
-        super().__init__(message)
-        self.message = message
-        self.line = line
+    """Why the file cannot be read as YAML documents."""
 
 
 def _read(path: str) -> list[Document]:
@@ -71,36 +67,6 @@ def _read(path: str) -> list[Document]:
         raise FileProblem(where + error.message) from None
 
 
-def _a(kind: str) -> str:
-    return ("an " if kind[0] in "aeiou" else "a ") + kind
-
-
-def _batched_model(document: Document) -> Manifest | None:
-    """The document as a BatchedModel, None if it is some other object; else why not."""
-    body = document.value
-    if not isinstance(body, dict):
-        found = "list" if isinstance(body, list) else json_type(body)
-        raise FileProblem(f"not a Kubernetes object but {_a(found)}", document.line)
-    api_version, kind = body.get("apiVersion"), body.get("kind")
-    if not (isinstance(api_version, str) and api_version and isinstance(kind, str) and kind):
-        raise FileProblem("apiVersion and kind are required", document.line)
-    our_version, our_kind = served()
-    if (api_version, kind) != (our_version, our_kind):
-        if kind != our_kind and api_version.split("/")[0] != our_version.split("/")[0]:
-            return None
-        known = f"carpool render knows {our_version} {our_kind}"
-        raise FileProblem(f"{api_version} {kind} is not served: {known}", document.line)
-    metadata = body.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    if name is None or name == "":
-        message = "metadata.name: Required value: carpool render names the children after it"
-        raise FileProblem(message, document.line)
-    if not isinstance(name, str):
-        message = f'metadata.name: Invalid value: "{json_type(name)}": must be a string'
-        raise FileProblem(message, document.line)
-    return body
-
-
 def _children(
     document: Manifest, defaults: Any, podmonitor: bool, unchecked: set[str]
 ) -> tuple[list[Manifest], list[str]]:
@@ -108,6 +74,7 @@ def _children(
     free-form parts left unchecked for want of kubernetes-validate."""
     name = document["metadata"]["name"]
     admitted, causes = admit(document)
+    causes = metadata_causes(document) + causes
     if free_form.available():
         causes += free_form.check(admitted)
     else:
@@ -126,22 +93,22 @@ def _render_file(
     """The children of every BatchedModel in the file, and one line per problem."""
     label = "<stdin>" if path == STDIN else path
 
-    def line_of(problem: FileProblem) -> str:
-        where = f"line {problem.line}: " if problem.line is not None else ""
-        return f"Error: {label}: {where}{problem.message}"
+    def line_of(message: str, line: int | None = None) -> str:
+        where = f"line {line}: " if line is not None else ""
+        return f"Error: {label}: {where}{message}"
 
     try:
         documents = _read(path)
     except FileProblem as problem:
-        return [], [line_of(problem)]
+        return [], [line_of(str(problem))]
     manifests: list[Manifest] = []
     problems: list[str] = []
     models = 0
     for document in documents:
         try:
-            body = _batched_model(document)
-        except FileProblem as problem:
-            problems.append(line_of(problem))
+            body = batched_model(document)
+        except DocumentProblem as problem:
+            problems.append(line_of(problem.message, problem.line))
             continue
         if body is None:
             continue
@@ -151,7 +118,7 @@ def _render_file(
         problems += found
     if not models and not problems:
         api_version, kind = served()
-        problems.append(line_of(FileProblem(f"no {kind} in it (apiVersion {api_version})")))
+        problems.append(line_of(f"no {kind} in it (apiVersion {api_version})"))
     return manifests, problems
 
 
