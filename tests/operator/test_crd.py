@@ -142,6 +142,10 @@ def test_cel_rules_reject_what_plain_schema_cannot() -> None:
     ]
 
     two_sources = {"pvc": {"claimName": "w"}, "uri": {"url": "https://example.com/m.pt"}}
-    body = {"spec": {"model": {"handler": "toy", "weights": two_sources}}}
+    # A named object: the root's CEL rules run beside the spec's, as in the API server.
+    body = {
+        "metadata": {"name": "two-sources"},
+        "spec": {"model": {"handler": "toy", "weights": two_sources}},
+    }
     causes = validate(apply_defaults(body, SCHEMA), SCHEMA)
     assert [cause.field for cause in causes] == ["spec.model.weights"]
