@@ -228,15 +228,12 @@ def test_batching_lives_in_the_config_map_only() -> None:
     slow = model(batching={"maxBatchSize": 256, "maxWaitMs": 50})
     fast_manifests, slow_manifests = by_kind(render(fast)), by_kind(render(slow))
 
+    # Every knob, the spec's over the table's defaults.
     assert json.loads(fast_manifests["ConfigMap"]["data"]["batching.json"]) == {
+        **Batching().as_file(),
         "maxBatchSize": 8,
         "maxWaitMs": 1,
-        "maxInflightBatches": 2,
-        "maxQueueItems": 1024,
-        "maxQueueBytes": 256 * 1024 * 1024,
-        "timeoutMs": 30000,
         "dispatch": "fixed",
-        "maxBatchTokens": 0,
     }
     # The pod template must not change, or a re-tune would restart every pod.
     assert fast_manifests["Deployment"] == slow_manifests["Deployment"]
@@ -375,16 +372,8 @@ def test_operator_batching_defaults_fill_what_the_spec_leaves_out() -> None:
         loaded: dict[str, Any] = json.loads(config["data"]["batching.json"])
         return loaded
 
-    assert settings(model()) == {
-        "maxBatchSize": 48,
-        "maxWaitMs": 9,
-        "maxInflightBatches": 2,
-        "maxQueueItems": 1024,
-        "maxQueueBytes": 256 * 1024 * 1024,
-        "timeoutMs": 30000,
-        "dispatch": "fixed",
-        "maxBatchTokens": 0,
-    }
+    # The operator's defaults (48, 9, fixed) where the spec sets nothing, the table's elsewhere.
+    assert settings(model()) == defaults.batching.as_file()
     tuned = settings(model(batching={"maxBatchSize": 8, "maxWaitMs": 0, "dispatch": "adaptive"}))
     assert (tuned["maxBatchSize"], tuned["maxWaitMs"], tuned["dispatch"]) == (8, 0, "adaptive")
     assert tuned["maxInflightBatches"] == 2

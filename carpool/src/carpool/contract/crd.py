@@ -1,5 +1,6 @@
 """The CRD's parts written from the contract (`carpool.contract.generate`): the
-`spec.batching` schema from the knobs, and the built-in handlers named in `spec.model.handler`.
+`spec.batching` and `status.batching` schemas from the knobs, and the built-in handlers named
+in `spec.model.handler`.
 
 Only those blocks of the file are rewritten, so the rest of the CRD (hand-written, with its
 comments and CEL rules) stays as it is. `make generate` runs this; a test fails when the
@@ -15,8 +16,9 @@ from typing import Any
 from carpool.contract.batching import KNOBS, Knob
 from carpool.contract.handlers import BUILTIN_HANDLERS
 
-# Where the block sits in the CRD: under spec's properties, before status.
+# Where the blocks sit in the CRD: under spec's properties and under status's.
 _SPEC = "            spec:"
+_STATUS = "            status:"
 _INDENT = " " * 16
 _HEADER = f"{_INDENT}batching:"
 _WIDTH = 98  # the column the rest of the file wraps at
@@ -24,6 +26,10 @@ _DESCRIPTION = (
     "The sidecar's batching knobs, rendered into a ConfigMap that the sidecar re-reads live: "
     "changing them does not restart the pods. A knob left unset takes the operator's default "
     "(the chart's defaults.* values); status.batching shows the values in use."
+)
+_STATUS_DESCRIPTION = (
+    "The batching settings the sidecars run with (the batching.json of the ConfigMap): "
+    "spec.batching over the operator's defaults, maxBatchSize held to spec.model.maxBatchSize."
 )
 
 
@@ -48,6 +54,16 @@ def batching_schema() -> dict[str, Any]:
     }
 
 
+def status_batching_schema() -> dict[str, Any]:
+    """The OpenAPI schema of status.batching: every knob, as the operator writes it."""
+    kinds = {knob.key: "string" if knob.choices else "integer" for knob in KNOBS}
+    return {
+        "type": "object",
+        "description": _STATUS_DESCRIPTION,
+        "properties": {key: {"type": kind} for key, kind in kinds.items()},
+    }
+
+
 def _lines(node: dict[str, Any], indent: str) -> list[str]:
     lines = []
     for key, value in node.items():
@@ -63,18 +79,22 @@ def _lines(node: dict[str, Any], indent: str) -> list[str]:
     return lines
 
 
-def with_batching(crd: str) -> str:
-    """The CRD text with its spec.batching block written from the knobs."""
-    lines = crd.splitlines()
+def _with_block(lines: list[str], parent: str, schema: dict[str, Any]) -> list[str]:
+    """`lines` with the `batching:` block under `parent` written from `schema`."""
     try:
-        start = lines.index(_HEADER, lines.index(_SPEC))
+        start = lines.index(_HEADER, lines.index(parent))
     except ValueError:
-        raise ValueError(f"no {_HEADER.strip()!r} under {_SPEC.strip()!r}") from None
+        raise ValueError(f"no {_HEADER.strip()!r} under {parent.strip()!r}") from None
     end = start + 1
     while end < len(lines) and (not lines[end].strip() or lines[end].startswith(_INDENT + " ")):
         end += 1
-    block = [_HEADER, *_lines(batching_schema(), _INDENT + "  ")]
-    return "\n".join([*lines[:start], *block, *lines[end:]]) + "\n"
+    return [*lines[:start], _HEADER, *_lines(schema, _INDENT + "  "), *lines[end:]]
+
+
+def with_batching(crd: str) -> str:
+    """The CRD text with its spec.batching and status.batching blocks written from the knobs."""
+    lines = _with_block(crd.splitlines(), _SPEC, batching_schema())
+    return "\n".join(_with_block(lines, _STATUS, status_batching_schema())) + "\n"
 
 
 # The handler's description, which names the built-ins (`carpool.contract.handlers`).
