@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from support.knobs import other_value
 
 import carpool
 from carpool.contract.batching import KNOBS, Knob
@@ -29,13 +30,6 @@ from carpool_operator.render_cli import command as render_command
 from carpool_sidecar.main import command as sidecar_command
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def other_value(knob: Knob) -> float | str:
-    """A valid value of the knob that is not its default."""
-    if knob.choices:
-        return next(choice for choice in knob.choices if choice != knob.default)
-    return knob.minimum if knob.default != knob.minimum else knob.minimum + 1
 
 
 def _params(command: Any, args: list[str]) -> dict[str, Any]:

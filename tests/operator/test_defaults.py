@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.knobs import other_value
 
-from carpool.contract.batching import Batching
+from carpool.contract.batching import KNOBS, Batching
 from carpool.contract.pod import default_variable as variable
 from carpool_operator.defaults import (
     DEFAULT_IMAGE,
@@ -50,19 +51,14 @@ def test_nothing_given_means_the_built_in_defaults() -> None:
 
 
 def test_every_setting_parses_from_text() -> None:
+    # Every knob of the table with a value other than its built-in default, and the images.
+    knobs = {knob.attribute: other_value(knob) for knob in KNOBS}
     texts = {
         "image": "registry.local:5000/carpool:1",
         "cuda_image": "registry.local:5000/carpool:1-cu128",
         "sidecar_image": "registry.local:5000/sidecar:1",
         "runtime_class_name": "nvidia",
-        "max_batch_size": "64",
-        "max_wait_ms": "0",
-        "max_inflight_batches": "4",
-        "max_queue_items": "99",
-        "max_queue_bytes": "1048576",
-        "timeout_ms": "1500",
-        "max_batch_tokens": "4096",
-        "dispatch": "fixed",
+        **{name: str(value) for name, value in knobs.items()},
     }
     assert set(texts) == set(NAMES)
     given = {name: Setting(variable(name), text) for name, text in texts.items()}
@@ -71,16 +67,7 @@ def test_every_setting_parses_from_text() -> None:
         cuda_image="registry.local:5000/carpool:1-cu128",
         sidecar_image="registry.local:5000/sidecar:1",
         runtime_class_name="nvidia",
-        batching=Batching(
-            max_batch_size=64,
-            max_wait_ms=0,
-            max_inflight_batches=4,
-            max_queue_items=99,
-            max_queue_bytes=1048576,
-            timeout_ms=1500,
-            max_batch_tokens=4096,
-            dispatch="fixed",
-        ),
+        batching=Batching(**knobs),
     )
 
 
