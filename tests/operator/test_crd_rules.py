@@ -134,6 +134,9 @@ BREAKS: dict[str, Callable[[Json], None]] = {
     "minReplicas must not exceed maxReplicas": _set(
         "spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2}
     ),
+    "enabled and external exclude each other": _set(
+        "spec.autoscaling", {"enabled": True, "external": True}
+    ),
 }
 
 

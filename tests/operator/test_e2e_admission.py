@@ -36,6 +36,10 @@ REFUSED = {
         gpu_model("huge-batch", "cpu", 0, maxBatchSize=1024),
         "cannot be warmed up",
     ),
+    "two-autoscalers": (
+        model("two-scalers", autoscaling={"enabled": True, "external": True}),
+        'spec.autoscaling.external: Invalid value: "object": enabled and external exclude',
+    ),
 }
 
 

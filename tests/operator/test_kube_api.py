@@ -15,6 +15,8 @@ from support.kube_http import call
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +217,88 @@ def test_server_side_apply_tracks_field_ownership(
     managed = json.loads(shown.stdout)["metadata"]["managedFields"]
     managers = {entry["manager"] for entry in managed}
     assert managers == {"alice", "bob"}
+
+
+def _deployment(name: str, replicas: int | None) -> dict[str, Any]:
+    """A Deployment to apply; None leaves replicas out."""
+    labels = {"app": name}
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "example.com/c:1"}]},
+        },
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec}
+
+
+def _replicas_only(name: str, replicas: int) -> dict[str, Any]:
+    """The applied configuration of the docs' hand-over: spec.replicas and nothing else."""
+    metadata = {"name": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
+            "spec": {"replicas": replicas}}  # fmt: skip
+
+
+def _replicas_managers(deployment: dict[str, Any]) -> set[str]:
+    """Who owns a Deployment's spec.replicas, as `manager` or `manager/subresource`."""
+    owners = set()
+    for entry in deployment["metadata"].get("managedFields", []):
+        if "f:replicas" in entry["fieldsV1"].get("f:spec", {}):
+            subresource = entry.get("subresource")
+            owners.add(f"{entry['manager']}/{subresource}" if subresource else entry["manager"])
+    return owners
+
+
+def test_replicas_dropped_from_an_apply_fall_to_the_default(served: ServedKubeApi) -> None:
+    """The server-side apply pitfall of the Kubernetes docs ("Transferring ownership"): a field
+    its only manager stops applying is removed, and the API server defaults replicas to 1."""
+    path = f"{DEPLOYMENTS}/dropped?fieldManager=carpool&force=true"
+    # An apply that creates owns what it applied, not the defaults the object then got.
+    _, created = call(served, "PATCH", path, _deployment("dropped", None), APPLY)
+    assert created["spec"]["replicas"] == 1 and _replicas_managers(created) == set()
+    _, applied = call(served, "PATCH", path, _deployment("dropped", 4), APPLY)
+    assert applied["spec"]["replicas"] == 4
+    _, applied = call(served, "PATCH", path, _deployment("dropped", None), APPLY)
+    assert applied["spec"]["replicas"] == 1
+    assert _replicas_managers(applied) == set()
+
+    # The docs' procedure: a private manager first applies replicas alone, at the live value;
+    # the field then survives the owner's apply without it.
+    call(served, "PATCH", path, _deployment("dropped", 4), APPLY)
+    handover = f"{DEPLOYMENTS}/dropped?fieldManager=handover"
+    status, _ = call(served, "PATCH", handover, _replicas_only("dropped", 4), APPLY)
+    assert status == 200
+    _, applied = call(served, "PATCH", path, _deployment("dropped", None), APPLY)
+    assert applied["spec"]["replicas"] == 4
+    assert _replicas_managers(applied) == {"handover"}
+
+
+def test_scale_subresource_takes_replicas_as_an_hpa_does(served: ServedKubeApi) -> None:
+    """An HPA reads /scale and writes it back with the version it read; the writer then owns
+    spec.replicas alone, in an entry marked `subresource: scale`, and a manager left owning
+    nothing disappears."""
+    call(served, "PATCH", f"{DEPLOYMENTS}/scaled?fieldManager=carpool",
+         _deployment("scaled", 2), APPLY)  # fmt: skip
+    handover = f"{DEPLOYMENTS}/scaled?fieldManager=handover"
+    call(served, "PATCH", handover, _replicas_only("scaled", 2), APPLY)
+
+    status, scale = call(served, "GET", f"{DEPLOYMENTS}/scaled/scale")
+    assert status == 200 and scale["kind"] == "Scale"
+    assert (scale["spec"]["replicas"], scale["status"]["selector"]) == (2, "app=scaled")
+    scale["spec"]["replicas"] = 5
+    hpa = f"{DEPLOYMENTS}/scaled/scale?fieldManager=kube-controller-manager"
+    status, written = call(served, "PUT", hpa, scale)
+    assert (status, written["spec"]["replicas"]) == (200, 5)
+    _, found = call(served, "GET", f"{DEPLOYMENTS}/scaled")
+    assert found["spec"]["replicas"] == 5
+    assert _replicas_managers(found) == {"kube-controller-manager/scale"}
+    managers = {entry["manager"] for entry in found["metadata"]["managedFields"]}
+    assert managers == {"carpool", "kube-controller-manager"}  # "handover" owned nothing else
+
+    # A stale Scale (the version read before this write) is refused, as the HPA's retry expects.
+    status, _ = call(served, "PUT", hpa, scale)
+    assert status == 409
+    status, _ = call(served, "PATCH", hpa, {"spec": {"replicas": -1}}, MERGE)
+    assert status == 422

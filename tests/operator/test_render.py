@@ -80,6 +80,7 @@ SPECS: dict[str, dict[str, Any]] = {
         service={"type": "LoadBalancer", "port": 8080},
         grpc={"port": 443},
     ),
+    "external-scaler": model(autoscaling={"external": True}),
     "gpu-tuned": model(
         model={
             "handler": "text-embedding",
@@ -308,6 +309,27 @@ def test_optional_children_follow_the_spec() -> None:
     endpoints = scaled["PodMonitor"]["spec"]["podMetricsEndpoints"]
     assert [endpoint["port"] for endpoint in endpoints] == ["http", "metrics"]
     assert "PodMonitor" not in by_kind(render(SPECS["autoscaled"], podmonitor_api=False))
+
+
+@pytest.mark.parametrize(
+    ("asked", "autoscaling", "rendered", "hpa", "budget"),
+    [
+        (1, {}, 1, False, False),
+        (3, {}, 3, False, True),
+        (3, {"enabled": True, "minReplicas": 1}, None, True, False),
+        (3, {"enabled": True, "minReplicas": 2}, None, True, True),
+        # Another controller's count: neither replicas nor an HPA; a budget whatever it scales to.
+        (1, {"external": True}, None, False, True),
+        (3, {"external": True, "minReplicas": 1, "maxReplicas": 9}, None, False, True),
+    ],
+)
+def test_who_sets_the_replica_count(
+    asked: int, autoscaling: dict[str, Any], rendered: int | None, hpa: bool, budget: bool
+) -> None:
+    manifests = by_kind(render(model(replicas=asked, autoscaling=autoscaling)))
+    assert manifests["Deployment"]["spec"].get("replicas") == rendered
+    assert ("HorizontalPodAutoscaler" in manifests) is hpa
+    assert ("PodDisruptionBudget" in manifests) is budget
 
 
 def test_weights_sources() -> None:

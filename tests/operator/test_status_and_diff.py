@@ -6,11 +6,13 @@ import copy
 import datetime
 from typing import Any
 
+import pytest
 from support.kube_defaults import apply_builtin_defaults
 
+from carpool_operator.defaults import Defaults
 from carpool_operator.diff import contains
 from carpool_operator.render import render
-from carpool_operator.spec import SpecError
+from carpool_operator.spec import SpecError, parse
 from carpool_operator.status import merge_conditions, observe
 
 EARLY = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -143,6 +145,28 @@ def test_an_autoscaler_scaling_up_leaves_the_model_ready() -> None:
     assert ready.status and ready.message == "2/5 ready"
     short = {c.type: c for c in observe(deployment(replicas=5, ready=1), None, fewest=2).conditions}
     assert not short["Ready"].status
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "fewest"),
+    [({}, 3), ({"enabled": True, "minReplicas": 2}, 2), ({"external": True}, 1)],
+)
+def test_ready_waits_for_the_fewest_pods_the_model_is_meant_to_run(
+    autoscaling: dict[str, Any], fewest: int
+) -> None:
+    """spec.replicas, the HPA's minimum, or, under an external scaler whose bounds carpool
+    does not know, one pod."""
+    body = {"metadata": {"name": "m"}, "spec": {"model": {"handler": "toy"}, "replicas": 3}}
+    body["spec"]["autoscaling"] = autoscaling
+    spec = parse(body, defaults=Defaults())
+    assert spec.fewest_replicas == fewest
+
+    def ready(count: int) -> bool:
+        found = deployment(replicas=6, ready=count)
+        conditions = observe(found, None, fewest=spec.fewest_replicas).conditions
+        return {c.type: c.status for c in conditions}["Ready"]
+
+    assert ready(fewest) and not ready(fewest - 1)
 
 
 def test_a_pod_problem_is_degraded_with_its_reason() -> None:

@@ -30,7 +30,7 @@ import yaml
 from aiohttp import web
 
 from carpool_operator.schema import Cause, apply_defaults, prune, validate
-from support import kube_apply
+from support import kube_apply, kube_scale
 from support import kube_protobuf as protobuf
 from support.crd_validation import validate_crd
 from support.kube_defaults import apply_builtin_defaults
@@ -52,6 +52,7 @@ class Kind:
     kind: str
     namespaced: bool = True
     status: bool = False  # has a status subresource
+    scale: bool = False  # has a scale subresource (kube_scale)
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
     schema: Json | None = None  # a CRD's openAPIV3Schema
@@ -79,7 +80,9 @@ BUILTIN_KINDS = (
     Kind("", "v1", "pods", "Pod", status=True, short_names=("po",)),
     Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", status=True),
     Kind("", "v1", "events", "Event", short_names=("ev",)),
-    Kind("apps", "v1", "deployments", "Deployment", status=True, short_names=("deploy",)),
+    Kind(
+        "apps", "v1", "deployments", "Deployment", status=True, scale=True, short_names=("deploy",)
+    ),
     Kind("apps", "v1", "replicasets", "ReplicaSet", status=True, short_names=("rs",)),
     Kind(
         "policy",
@@ -302,8 +305,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     `fieldValidation` parameter (enough for kubectl to leave validation to the server) and no
     schemas, and there is no `/openapi/v2`, so kubectl's client-side strategic merge falls back
     to its compiled-in types; no other protobuf, no aggregated discovery (clients fall back to the
-    legacy documents), no deletecollection, no `/scale` subresource (`kubectl scale` fails;
-    patch spec.replicas instead), no watch bookmarks, no 410 Gone (the whole history is
+    legacy documents), no deletecollection, `/scale` only for Deployments (see kube_scale; get,
+    update and merge patch), no watch bookmarks, no 410 Gone (the whole history is
     kept); Tables of built-in kinds show only Name and Age; a metadata-only GET
     (`as=PartialObjectMetadata`) gets the whole object.
     """
@@ -455,6 +458,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
         if not target.name:
             raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported on collections")
         key: ObjectKey = (kind.key, namespace, target.name)
+        if target.subresource == kube_scale.SUBRESOURCE and kind.scale:
+            return 200, self._scale(kind, key, method, self._body(request, headers), params)
         if method == "GET":
             found = self._existing(kind, key)
             if wants_table:
@@ -541,6 +546,19 @@ class KubeApiServer(kmock.KubernetesEmulator):
                         "singularName": "",
                         "namespaced": kind.namespaced,
                         "kind": kind.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+            if kind.scale:
+                group, version = kube_scale.API_VERSION.split("/")
+                resources.append(
+                    {
+                        "name": f"{kind.plural}/{kube_scale.SUBRESOURCE}",
+                        "singularName": "",
+                        "namespaced": kind.namespaced,
+                        "group": group,
+                        "version": version,
+                        "kind": "Scale",
                         "verbs": ["get", "patch", "update"],
                     }
                 )
@@ -761,14 +779,16 @@ class KubeApiServer(kmock.KubernetesEmulator):
             obj.pop("status", None)
         for transient in ("uid", "resourceVersion", "deletionTimestamp", "generation"):
             metadata.pop(transient, None)
+        metadata.pop("managedFields", None)
+        sent = copy.deepcopy(obj)
         self._admit(kind, obj, params)
         manager = params.get("fieldManager", "unknown")
         if params.get("apply"):
-            metadata.pop("managedFields", None)
-            obj = kube_apply.apply({"metadata": {}}, obj, manager, force=True)
-            metadata = obj["metadata"]
+            # An apply owns what it applied, not what defaulting added to it (a plain create
+            # owns its defaults too: the API server defaults while decoding the body).
+            owned = kube_apply.apply({"metadata": {}}, sent, manager, force=True)
+            metadata["managedFields"] = owned["metadata"]["managedFields"]
         else:
-            metadata.pop("managedFields", None)
             kube_apply.update(None, obj, manager)
         metadata.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
         if kind.key == CRD_KEY:
@@ -812,7 +832,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
             new = {**old, "status": new.get("status")}
             if new["status"] is None:
                 del new["status"]
-        elif subresource:
+        elif subresource and not (subresource == kube_scale.SUBRESOURCE and kind.scale):
             raise ApiFailure(404, "NotFound", f"subresource {subresource} is not served")
         elif kind.status and kind.key != CRD_KEY:
             new.pop("status", None)
@@ -837,7 +857,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
         if not applied:
             # Managed fields are the server's: what a client sends there is ignored here.
             metadata["managedFields"] = old["metadata"].get("managedFields", [])
-            kube_apply.update(old, new, params.get("fieldManager", "unknown"))
+            manager = params.get("fieldManager", "unknown")
+            kube_apply.update(old, new, manager, subresource=subresource)
         if kind.key == CRD_KEY:
             self._establish(new)
 
@@ -912,6 +933,29 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 raise ApiFailure(409, "Conflict", message + "; ".join(texts)) from conflict
         return 200, self._update(kind, key, patched, subresource, params, replace=False,
                                  applied=True)  # fmt: skip
+
+    def _scale(
+        self, kind: Kind, key: ObjectKey, method: str, body: Any, params: dict[str, str]
+    ) -> Json:
+        """GET, PUT or merge-PATCH a parent's Scale; a write updates the parent's replicas."""
+        old = self._existing(kind, key)
+        if method == "GET":
+            return kube_scale.scale_of(old)
+        if method == "PUT":
+            scale = body
+        elif method == "PATCH":
+            scale = merge_patch(kube_scale.scale_of(old), body)
+        else:
+            raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported on scale")
+        replicas = kube_scale.replicas_of(scale)
+        if replicas is None:
+            message = f'Scale.autoscaling "{key[2]}" is invalid: spec.replicas: Invalid value'
+            raise ApiFailure(422, "Invalid", message)
+        parent = kube_scale.scaled(old, scale, replicas)
+        updated = self._update(
+            kind, key, parent, kube_scale.SUBRESOURCE, params, replace=method == "PUT"
+        )
+        return kube_scale.scale_of(updated)
 
     def _delete(self, kind: Kind, key: ObjectKey, params: dict[str, str]) -> Json:
         obj = self._existing(kind, key)

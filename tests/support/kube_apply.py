@@ -7,7 +7,8 @@ Every write records which field manager owns which fields:
   from the object unless another manager owns them; a field another manager owns with a
   different value is a 409 conflict unless `force=true`, which moves its ownership to M;
 - any other write (create, update, merge/JSON/strategic patch) gives its manager the fields it
-  changed and takes them away from everyone else (updates never conflict).
+  changed and takes them away from everyone else (updates never conflict); a write through the
+  `/scale` subresource is such an update of `spec.replicas`, its entry marked `subresource`.
 
 Lists merge as the Kubernetes types declare them: associative lists by their map keys
 (LIST_KEYS, as in the core/v1 and apps/v1 types), every other list is atomic (owned and replaced
@@ -281,8 +282,11 @@ def _changed(old: Json, new: Json) -> tuple[set[Path], set[Path]]:
     return changed, removed
 
 
-def update(old: Json | None, new: Json, manager: str) -> Json:
-    """`new` with managedFields after an ordinary write by `manager` (old None: a create)."""
+def update(old: Json | None, new: Json, manager: str, *, subresource: str = "") -> Json:
+    """`new` with managedFields after an ordinary write by `manager` (old None: a create).
+
+    A write through a subresource (`scale`) is its manager's own entry, marked with it.
+    """
     entries = _entries(old) if old is not None else []
     if old is None:
         changed, removed = field_paths(new), set()
@@ -295,11 +299,15 @@ def update(old: Json | None, new: Json, manager: str) -> Json:
     mine: set[Path] = set()
     for entry in entries:
         paths = {p for p in owned(entry) if not any(_under(p, c) for c in changed | removed)}
-        if entry["manager"] == manager and entry["operation"] == "Update":
+        same = (entry["manager"], entry["operation"], entry.get("subresource", ""))
+        if same == (manager, "Update", subresource):
             mine = paths
             continue
         result.append({**entry, "fieldsV1": fields_v1(paths)})
     api_version = str(new.get("apiVersion", ""))
-    result.append(_entry(manager, "Update", api_version, mine | changed))
+    written = _entry(manager, "Update", api_version, mine | changed)
+    if subresource:
+        written["subresource"] = subresource
+    result.append(written)
     _store(new, result)
     return new

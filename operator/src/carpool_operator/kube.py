@@ -190,15 +190,20 @@ class KubeClient:
         if self._on_write is not None:
             self._on_write(kind)
 
-    async def apply(self, manifest: Manifest) -> None:
+    async def apply(
+        self, manifest: Manifest, *, manager: str = FIELD_MANAGER, force: bool = True
+    ) -> None:
         """Server-side apply, forced: the child ends up with exactly the fields carpool renders.
 
         Fields carpool applied before and no longer renders are removed; fields other managers
-        own (an HPA's replicas, an injected container) are left alone.
+        own (an HPA's replicas, an injected container) are left alone. Another `manager`, not
+        forced, takes part in a hand-over (handover.py): a conflict is then an ApiError 409.
         """
         kind, metadata = manifest["kind"], manifest["metadata"]
         path = RESOURCES[kind].path(metadata["namespace"], metadata["name"])
-        params = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        params = {"fieldManager": manager}
+        if force:
+            params["force"] = "true"
         await self._request("PATCH", path, body=manifest, content_type=APPLY_PATCH, params=params)
         self._wrote(kind)
 

@@ -15,6 +15,7 @@ import kopf
 from carpool_operator.autoscaling_status import dependency_conditions
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
+from carpool_operator.handover import hand_over_replicas
 from carpool_operator.kube import RESOURCES, ApiError, KubeClient
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
@@ -66,6 +67,7 @@ async def _apply(kube: KubeClient, owner: Manifest, rendered: Manifest, uid: str
     elif not _owned_by(actual, uid):
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
     elif not up_to_date(actual, manifest):
+        await hand_over_replicas(kube, owner, actual, manifest)
         await kube.apply(manifest)
         await kube.post_event(owner, "ChildUpdated", f"updated {kind} {name}", warning=False)
 
@@ -85,9 +87,10 @@ async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
     await check_references(kube, spec)
     podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
+    # Pruning first: an HPA being switched off is gone before carpool takes replicas back.
+    await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
     for manifest in manifests:
         await _apply(kube, body, manifest, spec.uid)
-    await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
 
 
 def _clamp_news(current: Mapping[str, Any], wanted: Manifest, applied: ModelSpec) -> bool:
@@ -116,8 +119,7 @@ async def _status(
     problem = None
     if deployment is not None:
         problem = pod_problem(await kube.select("Pod", namespace, selector_for(name)))
-    scaling = applied.autoscaling if applied is not None else None
-    fewest = scaling.min_replicas if scaling is not None and scaling.enabled else None
+    fewest = applied.fewest_replicas if applied is not None else None
     observation = observe(deployment, error, pods=problem, fewest=fewest)
     if applied is not None:
         extra = await dependency_conditions(kube, applied)

@@ -303,7 +303,7 @@ def deployment(spec: ModelSpec) -> Manifest:
         # Deliberately no hash of the batching settings here: the sidecar re-reads them live.
         "template": {"metadata": {"labels": labels(spec)}, "spec": _pod_spec(spec)},
     }
-    if not spec.autoscaling.enabled:  # otherwise the HPA owns the replica count
+    if not spec.autoscaled:  # otherwise the autoscaler owns the count (see handover.py)
         deployment_spec["replicas"] = spec.replicas
     if rollout := strategy(spec.rollout):
         deployment_spec["strategy"] = rollout
@@ -397,8 +397,9 @@ def pod_monitor(spec: ModelSpec) -> Manifest:
 
 
 def wants_disruption_budget(spec: ModelSpec) -> bool:
-    fewest = spec.autoscaling.min_replicas if spec.autoscaling.enabled else spec.replicas
-    return fewest > 1
+    # An external scaler may add pods at any time, and `maxUnavailable: 1` never blocks the
+    # eviction of a lone pod: the budget is there whatever it scales to.
+    return spec.autoscaling.external or spec.fewest_replicas > 1
 
 
 def render_spec(spec: ModelSpec, *, podmonitor_api: bool) -> list[Manifest]:

@@ -52,7 +52,8 @@ class Weights:
 
 @dataclass(frozen=True)
 class Autoscaling:
-    enabled: bool = False
+    enabled: bool = False  # carpool's HPA sets the replica count
+    external: bool = False  # another controller does (a KEDA ScaledObject, the user's own HPA)
     min_replicas: int = 1
     max_replicas: int = 4
     target_queue_items_per_pod: int = 16
@@ -104,6 +105,19 @@ class ModelSpec:
     drain_delay_s: int = DEFAULT_DRAIN_DELAY_S
     torch_threads: int = 1
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def autoscaled(self) -> bool:
+        """An autoscaler, carpool's HPA or another, sets the replica count: not spec.replicas."""
+        return self.autoscaling.enabled or self.autoscaling.external
+
+    @property
+    def fewest_replicas(self) -> int:
+        """The fewest pods the model is meant to run, what Ready waits for: spec.replicas, the
+        HPA's minimum, or one under an external scaler (whose bounds carpool does not know)."""
+        if self.autoscaling.enabled:
+            return self.autoscaling.min_replicas
+        return 1 if self.autoscaling.external else self.replicas
 
     @property
     def batch_size_clamped(self) -> bool:
@@ -236,6 +250,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
         pod_monitor=bool(_section(spec, "monitoring").get("podMonitor", False)),
         autoscaling=Autoscaling(
             enabled=bool(autoscaling.get("enabled", False)),
+            external=bool(autoscaling.get("external", False)),
             min_replicas=int(autoscaling.get("minReplicas", 1)),
             max_replicas=int(autoscaling.get("maxReplicas", 4)),
             target_queue_items_per_pod=int(autoscaling.get("targetQueueItemsPerPod", 16)),

@@ -49,8 +49,8 @@ def observe(
     """Ready, Progressing and Degraded for a Deployment (None: not created yet).
 
     `pods`: the pods' most telling problem (see pods.pod_problem). `fewest`: the replicas that
-    make the model Ready under an autoscaler (its minimum), so that scaling up, which adds
-    pods that are not ready yet, never flips Ready.
+    make the model Ready (ModelSpec.fewest_replicas; under an autoscaler its minimum), so that
+    scaling up, which adds pods that are not ready yet, never flips Ready.
     """
     found = deployment or {}
     spec, status = found.get("spec", {}), found.get("status", {})
