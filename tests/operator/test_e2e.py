@@ -244,13 +244,15 @@ def test_image_edit_rolls_the_pods(cluster: Cluster) -> None:
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
 
 
-def test_transient_api_errors_are_retried(cluster: Cluster) -> None:
+@pytest.mark.parametrize("code", [500, 503])
+def test_transient_api_errors_are_retried(cluster: Cluster, code: int) -> None:
     if cluster.api is None:
         pytest.skip("a real API server cannot be told to fail")
-    path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/e2e-flaky"
-    cluster.api.fail("PATCH", path, code=503, times=3)
-    cluster.apply(model("e2e-flaky"))
-    cluster.wait_for_object("deployment", "e2e-flaky")
+    name = f"e2e-flaky-{code}"
+    path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/{name}"
+    cluster.api.fail("PATCH", path, code=code, times=3)
+    cluster.apply(model(name))
+    cluster.wait_for_object("deployment", name)
     assert cluster.api.request_count("PATCH", path, agent=OPERATOR_AGENT) >= 4
 
 

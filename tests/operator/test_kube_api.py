@@ -215,3 +215,70 @@ def test_server_side_apply_tracks_field_ownership(
     managed = json.loads(shown.stdout)["metadata"]["managedFields"]
     managers = {entry["manager"] for entry in managed}
     assert managers == {"alice", "bob"}
+
+
+def _deployment(name: str, container: dict[str, Any]) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "main", "image": "x/y:1", **container}]},
+            },
+        },
+    }
+
+
+APPLY = "application/apply-patch+yaml"
+
+
+@pytest.mark.parametrize(
+    ("container", "error"),
+    [
+        (
+            {"env": [{"name": "LEVEL", "value": "a"}, {"name": "LEVEL", "value": "b"}]},
+            '.spec.template.spec.containers[name="main"].env: duplicate entries for key '
+            '[name="LEVEL"]',
+        ),
+        (
+            {"volumeMounts": [{"name": v, "mountPath": "/tmp"} for v in ("a", "b")]},
+            '.spec.template.spec.containers[name="main"].volumeMounts: duplicate entries for key '
+            '[mountPath="/tmp"]',
+        ),
+        (
+            {"env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPaht": "metadata.name"}}}]},
+            '.spec.template.spec.containers[name="main"].env[name="POD"].valueFrom.fieldRef'
+            ".fieldPaht: field not declared in schema",
+        ),
+    ],
+    ids=["duplicate-env", "duplicate-mount", "undeclared-field"],
+)
+def test_an_apply_the_api_server_cannot_type_is_a_bare_500(
+    served: ServedKubeApi, container: dict[str, Any], error: str
+) -> None:
+    """As structured-merge-diff types an applied configuration: the real texts, no reason."""
+    body = _deployment("untyped", container)
+    path = f"{DEPLOYMENTS}/untyped?fieldManager=test"
+    status, answer = call(served, "PATCH", path, body, APPLY)
+    prefix = "failed to create typed patch object (default/untyped; apps/v1, Kind=Deployment): "
+    assert (status, answer["message"]) == (500, prefix + error)
+    assert "reason" not in answer
+    assert call(served, "GET", f"{DEPLOYMENTS}/untyped")[0] == 404
+
+
+def test_every_error_of_an_untypable_apply_is_listed(served: ServedKubeApi) -> None:
+    env = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
+    ports = [{"containerPort": 80, "protocol": "TCP"}] * 2
+    body = _deployment("many", {"env": env, "ports": ports})
+    status, answer = call(served, "PATCH", f"{DEPLOYMENTS}/many?fieldManager=test", body, APPLY)
+    where = '.spec.template.spec.containers[name="main"]'
+    assert status == 500
+    assert answer["message"].endswith(
+        "Kind=Deployment): errors:\n"
+        f'  {where}.env: duplicate entries for key [name="A"]\n'
+        f'  {where}.ports: duplicate entries for key [containerPort=80,protocol="TCP"]'
+    )

@@ -30,7 +30,7 @@ import yaml
 from aiohttp import web
 
 from carpool_operator.schema import Cause, apply_defaults, prune, validate
-from support import kube_apply
+from support import kube_apply, kube_typed
 from support import kube_protobuf as protobuf
 from support.crd_validation import validate_crd
 from support.kube_defaults import apply_builtin_defaults
@@ -136,9 +136,10 @@ class ApiFailure(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         }
+        if self.reason:  # an error the API server does not know is answered without one
+            status["reason"] = self.reason
         if self.details:
             status["details"] = self.details
         return status
@@ -277,7 +278,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
     `fieldSelector` (equality on dotted paths) and `timeoutSeconds`; PUT; merge, JSON and
     (approximated, see kube_patch) strategic merge patches; server-side apply with field ownership
     (`managedFields`, conflicts, `force`, removal of fields a manager stops applying; see
-    kube_apply); no-op writes do not bump resourceVersion; a status subresource split for
+    kube_apply) and its refusal, with a bare 500, of a built-in object it cannot type against
+    Kubernetes' schema (duplicate keys in a list merged by key, an undeclared field; see
+    kube_typed); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
     cascading, background-style; a dependent created after its owners are gone goes too);
@@ -297,15 +300,15 @@ class KubeApiServer(kmock.KubernetesEmulator):
     Still unlike a real API server: no authentication, authorization, admission webhooks,
     quotas or namespace lifecycle (objects may land in namespaces that do not exist); no
     controllers (Deployments never get pods or status unless a test writes it); built-in kinds
-    are stored as sent, without schema validation or pruning; CEL rules other than the known
-    ones are ignored; `/openapi/v3` holds only each kind's PATCH operation with its
-    `fieldValidation` parameter (enough for kubectl to leave validation to the server) and no
-    schemas, and there is no `/openapi/v2`, so kubectl's client-side strategic merge falls back
-    to its compiled-in types; no other protobuf, no aggregated discovery (clients fall back to the
-    legacy documents), no deletecollection, no `/scale` subresource (`kubectl scale` fails;
-    patch spec.replicas instead), no watch bookmarks, no 410 Gone (the whole history is
-    kept); Tables of built-in kinds show only Name and Age; a metadata-only GET
-    (`as=PartialObjectMetadata`) gets the whole object.
+    are stored as sent, without schema validation or pruning (apply's typed conversion
+    aside); CEL rules other than the known ones are ignored; `/openapi/v3` holds only each
+    kind's PATCH operation with its `fieldValidation` parameter (enough for kubectl to leave
+    validation to the server) and no schemas, and there is no `/openapi/v2`, so kubectl's
+    client-side strategic merge falls back to its compiled-in types; no other protobuf, no
+    aggregated discovery (clients fall back to the legacy documents), no deletecollection, no
+    `/scale` subresource (`kubectl scale` fails; patch spec.replicas instead), no watch
+    bookmarks, no 410 Gone (the whole history is kept); Tables of built-in kinds show only Name
+    and Age; a metadata-only GET (`as=PartialObjectMetadata`) gets the whole object.
     """
 
     kinds: dict[KindKey, Kind] = attrs.field(init=False, factory=dict)
@@ -415,10 +418,11 @@ class KubeApiServer(kmock.KubernetesEmulator):
         agent = headers.get("user-agent", "")
         params.setdefault("fieldManager", agent.split("/")[0] or "unknown")
         if path == "/version":
+            major, minor = kube_typed.VERSION.split(".")
             return 200, {
-                "major": "1",
-                "minor": "35",
-                "gitVersion": "v1.35.0",
+                "major": major,
+                "minor": minor,
+                "gitVersion": f"v{kube_typed.VERSION}.0",
                 "platform": "linux/amd64",
             }
         if path == "/api":
@@ -592,7 +596,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
             raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
         return {
             "openapi": "3.0.0",
-            "info": {"title": "Kubernetes", "version": "v1.35.0"},
+            "info": {"title": "Kubernetes", "version": f"v{kube_typed.VERSION}.0"},
             "paths": paths,
         }
 
@@ -893,6 +897,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     ) -> tuple[int, Json]:
         if not isinstance(body, dict):
             raise ApiFailure(400, "BadRequest", "the applied configuration is not an object")
+        if kind.schema is None and (refused := kube_typed.refusal(body)):
+            raise ApiFailure(500, "", refused)
         if key not in self.store:
             return 201, self._create(kind, key[1], body, {**params, "apply": "true"})
         old = self._existing(kind, key)

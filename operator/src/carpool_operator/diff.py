@@ -18,6 +18,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from carpool_operator.merge_keys import item_key
 from carpool_operator.types import Manifest
 
 # On every child: the digest of the manifest last applied (see `digest`).
@@ -64,26 +65,6 @@ def _same_scalar(actual: Any, desired: Any, is_quantity: bool) -> bool:
     return False
 
 
-# Lists the API server merges by key (core/v1 and apps/v1 `listType=map`), by field name.
-_LIST_KEYS = {
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "volumes": ("name",),
-    "env": ("name",),
-    "volumeMounts": ("mountPath",),
-    "imagePullSecrets": ("name",),
-}
-
-
-def _item_key(field: str, item: Any) -> tuple[Any, ...] | None:
-    if not isinstance(item, dict):
-        return None
-    if field == "ports":
-        return (item.get("containerPort", item.get("port")), item.get("protocol", "TCP"))
-    keys = _LIST_KEYS.get(field)
-    return tuple(item.get(key) for key in keys) if keys else None
-
-
 def _zero(value: Any) -> bool:
     return value is False or value == 0 or value in ("", {}, [])
 
@@ -91,10 +72,10 @@ def _zero(value: Any) -> bool:
 def _contains_list(actual: Any, desired: list[Any], key: str, parent: str) -> bool:
     if not isinstance(actual, list):
         return False
-    if desired and all(_item_key(key, item) is not None for item in desired):
+    if desired and all(item_key(key, item) is not None for item in desired):
         # Merged by key: each of our items must be there; others' items may be too.
-        found = {_item_key(key, item): item for item in actual}
-        return all(contains(found.get(_item_key(key, item)), item, "", key) for item in desired)
+        found = {item_key(key, item): item for item in actual}
+        return all(contains(found.get(item_key(key, item)), item, "", key) for item in desired)
     # Atomic: ours whole, same length, each item containing ours in order.
     if len(actual) != len(desired):
         return False
