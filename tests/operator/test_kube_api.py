@@ -146,6 +146,28 @@ def test_a_child_whose_owner_is_already_gone_is_collected(served: ServedKubeApi)
     assert call(served, "GET", f"{CONFIGMAPS}/kept")[0] == 200
 
 
+def test_an_orphaning_delete_leaves_the_dependents_without_that_owner(
+    served: ServedKubeApi,
+) -> None:
+    """`kubectl delete --cascade=orphan`: the garbage collector takes the owner's reference off
+    its dependents, which stay; their other owners stay too."""
+    reference, other = _owner(served, "orphaner"), _owner(served, "co-owner")
+    body = {"metadata": {"name": "orphan", "ownerReferences": [reference, other]}}
+    _, child = call(served, "POST", CONFIGMAPS, body)
+
+    options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Orphan"}
+    assert call(served, "DELETE", f"{CONFIGMAPS}/orphaner", options)[0] == 200
+    assert call(served, "GET", f"{CONFIGMAPS}/orphaner")[0] == 404
+    status, found = call(served, "GET", f"{CONFIGMAPS}/orphan")
+    assert status == 200
+    assert found["metadata"]["ownerReferences"] == [other]
+    assert found["metadata"]["resourceVersion"] != child["metadata"]["resourceVersion"]
+    # As a query parameter too; the last owner gone, no ownerReferences are left.
+    call(served, "DELETE", f"{CONFIGMAPS}/co-owner?propagationPolicy=Orphan")
+    _, found = call(served, "GET", f"{CONFIGMAPS}/orphan")
+    assert "ownerReferences" not in found["metadata"]
+
+
 def _owner(served: ServedKubeApi, name: str) -> dict[str, str]:
     """A new ConfigMap `name`, as the owner reference its dependents would carry."""
     _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})

@@ -41,6 +41,7 @@ Json = dict[str, Any]
 KindKey = tuple[str, str, str]  # group, version, plural
 ObjectKey = tuple[KindKey, str, str]  # kind, namespace ("" when cluster-scoped), name
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+PROTOBUF = "application/vnd.kubernetes.protobuf"
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
@@ -283,7 +284,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
     kube_typed); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
-    cascading, background-style; a dependent created after its owners are gone goes too);
+    cascading, background-style; a dependent created after its owners are gone goes too; an
+    orphaning delete, `propagationPolicy: Orphan`, takes the owner's reference off its
+    dependents instead, at once, without the owner's transient `orphan` finalizer);
     discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD is validated as the API server validates it (its name, names,
     versions, printer columns and schema: structural, defaults, list and map types, CEL rules and
@@ -470,12 +473,17 @@ class KubeApiServer(kmock.KubernetesEmulator):
         if method == "PATCH":
             return self._patch(kind, key, request, headers, target.subresource, params)
         if method == "DELETE":
+            # DeleteOptions in JSON (kubectl's); helm's in protobuf are not read.
+            protobuf_body = headers.get("content-type", "").startswith(PROTOBUF)
+            options = {} if protobuf_body else self._body(request, headers)
+            if isinstance(options, dict) and options.get("propagationPolicy"):
+                params.setdefault("propagationPolicy", str(options["propagationPolicy"]))
             return 200, self._delete(kind, key, params)
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported")
 
     @staticmethod
     def _body(request: kmock.Request, headers: dict[str, str]) -> Any:
-        if headers.get("content-type", "").startswith("application/vnd.kubernetes.protobuf"):
+        if headers.get("content-type", "").startswith(PROTOBUF):
             try:
                 return protobuf.decode(request.body)
             except (ValueError, IndexError, UnicodeDecodeError) as error:
@@ -923,6 +931,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
         obj = self._existing(kind, key)
         if params.get("dryRun"):
             return obj
+        if params.get("propagationPolicy") == "Orphan":
+            self._orphan(obj["metadata"]["uid"])
         metadata = obj["metadata"]
         if metadata.get("finalizers"):
             if not metadata.get("deletionTimestamp"):
@@ -934,6 +944,23 @@ class KubeApiServer(kmock.KubernetesEmulator):
         metadata["resourceVersion"] = str(next(self._revision))
         self._remove(kind, key, obj)
         return obj
+
+    def _orphan(self, uid: str) -> None:
+        """What the garbage collector does for an orphaning delete: each dependent loses its
+        reference to the owner (a patch of its own), and stays."""
+        for (kind_key, namespace, name), obj in list(self.store.items()):
+            references = obj["metadata"].get("ownerReferences") or []
+            kept = [reference for reference in references if reference.get("uid") != uid]
+            if len(kept) == len(references):
+                continue
+            orphan = copy.deepcopy(obj)
+            if kept:
+                orphan["metadata"]["ownerReferences"] = kept
+            else:
+                del orphan["metadata"]["ownerReferences"]
+            params = {"fieldManager": "kube-controller-manager"}
+            key = (kind_key, namespace, name)
+            self._update(self.kinds[kind_key], key, orphan, "", params, replace=False)
 
     def _remove(self, kind: Kind, key: ObjectKey, obj: Json) -> None:
         """Delete for good, then collect what it owned (and, for a CRD, its objects)."""

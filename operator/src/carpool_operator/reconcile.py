@@ -12,6 +12,7 @@ from typing import Any
 
 import kopf
 
+from carpool_operator.adoption import adoptable
 from carpool_operator.autoscaling_status import dependency_conditions
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
@@ -78,12 +79,14 @@ async def _apply(
     actual = await kube.get(kind, namespace, name)
     if actual is None:
         news = "ChildCreated", f"created {kind} {name}"
-    elif not _owned_by(actual, spec.uid):
-        raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
-    elif up_to_date(actual, manifest):
-        return
-    else:
+    elif _owned_by(actual, spec.uid):
+        if up_to_date(actual, manifest):
+            return
         news = "ChildUpdated", f"updated {kind} {name}"
+    elif adoptable(actual, manifest):
+        news = "ChildAdopted", f"adopted {kind} {name}, which an earlier {spec.name} left"
+    else:
+        raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
     try:
         await kube.apply(manifest)
     except ApiError as error:
