@@ -448,6 +448,28 @@ def test_resync_of_unchanged_model_writes_nothing(cluster: Cluster) -> None:
         assert cluster.api.write_count() == writes
 
 
+def test_resync_of_a_model_with_quantities_the_api_server_rewrites_writes_nothing(
+    cluster: Cluster,
+) -> None:
+    """Quantities stored in another form than written: a tenth of a millicore is "100u"."""
+    resources = {"cpu": "0.0001", "memory": "1.5Gi"}
+    sidecar = {"resources": {"cpu": "0500m", "memory": "0.25Gi"}}
+    applied(cluster, model("e2e-tiny", resources=resources, sidecar=sidecar))
+    deployment = cluster.wait_for_object("deployment", "e2e-tiny")
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert containers["model-server"]["resources"]["requests"]["cpu"] == "100u"
+    wait_resyncs(cluster, "e2e-tiny", count=1)  # settle: the status is written once
+
+    writes = cluster.api.write_count() if cluster.api is not None else 0
+    version = deployment["metadata"]["resourceVersion"]
+    wait_resyncs(cluster, "e2e-tiny", count=3)
+    after = cluster.get("deployment", "e2e-tiny")
+    assert after is not None and after["metadata"]["resourceVersion"] == version
+    assert len(events(cluster, "e2e-tiny", "ChildUpdated")) == 0
+    if cluster.api is not None:
+        assert cluster.api.write_count() == writes
+
+
 def test_autoscaled_model_leaves_replicas_to_the_hpa(cluster: Cluster) -> None:
     example = yaml.safe_load((EXAMPLES / "autoscaled.yaml").read_text())
     example["metadata"] = {"name": "e2e-scaled"}

@@ -304,3 +304,27 @@ def test_every_error_of_an_untypable_apply_is_listed(served: ServedKubeApi) -> N
         f'  {where}.env: duplicate entries for key [name="A"]\n'
         f'  {where}.ports: duplicate entries for key [containerPort=80,protocol="TCP"]'
     )
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"),
+    [
+        ("0.0001", "100u"),
+        ("1.5", "1500m"),
+        ("1000m", "1"),
+        ("0.0000000001", "1n"),
+        ("1.5Gi", "1536Mi"),
+        ("1024Ki", "1Mi"),
+        ("0.5Ki", "512"),
+        # Parsed on the fast path and already canonical to the parser: kept as written.
+        ("0500m", "0500m"),
+    ],
+)
+def test_quantities_are_stored_as_the_api_server_writes_them(
+    served: ServedKubeApi, written: str, stored: str
+) -> None:
+    name = f"quantity-{len(served.api.records)}"
+    body = _deployment(name, {"resources": {"requests": {"cpu": written, "memory": written}}})
+    _, created = call(served, "POST", DEPLOYMENTS, body)
+    container = created["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": stored, "memory": stored}
