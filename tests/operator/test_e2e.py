@@ -17,7 +17,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support.kube_api import Kind
 from support.kube_cluster import OPERATOR_AGENT, Cluster
-from support.kube_models import applied, condition, model, wait_resyncs
+from support.kube_models import applied, condition, degraded, model, wait_resyncs
 
 from carpool_operator.defaults import DEFAULT_SIDECAR_IMAGE
 
@@ -244,13 +244,15 @@ def test_image_edit_rolls_the_pods(cluster: Cluster) -> None:
     assert after["metadata"]["generation"] > before["metadata"]["generation"]
 
 
-def test_transient_api_errors_are_retried(cluster: Cluster) -> None:
+@pytest.mark.parametrize("code", [500, 503])
+def test_transient_api_errors_are_retried(cluster: Cluster, code: int) -> None:
     if cluster.api is None:
         pytest.skip("a real API server cannot be told to fail")
-    path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/e2e-flaky"
-    cluster.api.fail("PATCH", path, code=503, times=3)
-    cluster.apply(model("e2e-flaky"))
-    cluster.wait_for_object("deployment", "e2e-flaky")
+    name = f"e2e-flaky-{code}"
+    path = f"/apis/apps/v1/namespaces/{cluster.namespace}/deployments/{name}"
+    cluster.api.fail("PATCH", path, code=code, times=3)
+    cluster.apply(model(name))
+    cluster.wait_for_object("deployment", name)
     assert cluster.api.request_count("PATCH", path, agent=OPERATOR_AGENT) >= 4
 
 
@@ -318,6 +320,78 @@ def test_deleting_the_model_collects_children(cluster: Cluster) -> None:
         cluster.wait_gone(kind, name)
 
 
+def test_a_model_applied_again_after_an_orphaning_delete_adopts_its_children(
+    cluster: Cluster,
+) -> None:
+    first = applied(cluster, model("e2e-orphans", replicas=2))
+    children = [("deployment", "e2e-orphans"), ("service", "e2e-orphans")]
+    children += [("configmap", "e2e-orphans-batching"), ("pdb", "e2e-orphans")]
+    before = {kind: cluster.wait_for_object(kind, name) for kind, name in children}
+
+    cluster.kubectl("delete", "bm", "e2e-orphans", "--cascade=orphan")
+    cluster.wait_gone("bm", "e2e-orphans")
+    orphan = cluster.get("deployment", "e2e-orphans")
+    assert orphan is not None and not orphan["metadata"].get("ownerReferences")
+
+    # The same model again, with a change the Deployment must take.
+    image = "registry.example.com/team/carpool:0.3.0"
+    again = applied(
+        cluster, model("e2e-orphans", replicas=2, model={"handler": "toy", "image": image})
+    )
+    assert again["metadata"]["uid"] != first["metadata"]["uid"]
+    deployment = cluster.wait_for_object(
+        "deployment",
+        "e2e-orphans",
+        lambda found: found["spec"]["template"]["spec"]["containers"][0]["image"] == image,
+    )
+    for kind, name in children:
+        child = deployment if kind == "deployment" else cluster.get(kind, name)
+        assert child is not None and owned_by(child, again), kind
+        # Adopted, not made anew.
+        assert child["metadata"]["uid"] == before[kind]["metadata"]["uid"], kind
+    settled = cluster.wait_for_object(
+        "bm",
+        "e2e-orphans",
+        lambda found: condition(found, "Degraded").get("reason") == "AsExpected",
+    )
+    assert condition(settled, "Degraded")["status"] == "False"
+    adopted = [event["message"] for event in events(cluster, "e2e-orphans", "ChildAdopted")]
+    assert "adopted Deployment e2e-orphans, which an earlier e2e-orphans left" in adopted
+
+
+def _config_map(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"mine": "yes"},
+    }
+
+
+@pytest.mark.parametrize("case", ["unlabelled", "another-model", "made-by-hand"])
+def test_a_child_name_taken_by_someone_else_is_a_name_conflict(cluster: Cluster, case: str) -> None:
+    """Only what carpool made for this model and nobody controls now is adopted."""
+    name = f"e2e-taken-{case}"
+    labels = {**LABELS, "app.kubernetes.io/name": "batchedmodel"}
+    taken = {
+        "unlabelled": _config_map(f"{name}-batching", {}),
+        "another-model": _config_map(
+            f"{name}-batching", {**labels, "app.kubernetes.io/instance": "someone-else"}
+        ),
+        # carpool's labels, written by kubectl: not carpool's field manager.
+        "made-by-hand": _config_map(
+            f"{name}-batching", {**labels, "app.kubernetes.io/instance": name}
+        ),
+    }[case]
+    cluster.apply(taken)
+    cluster.apply(model(name))
+    found = degraded(cluster, name, "NameConflict")
+    assert f"ConfigMap {name}-batching" in condition(found, "Degraded")["message"]
+    kept = cluster.get("configmap", f"{name}-batching")
+    assert kept is not None and kept["data"] == {"mine": "yes"}
+    assert not kept["metadata"].get("ownerReferences")
+
+
 def test_schema_rejects_invalid_specs(cluster: Cluster) -> None:
     result = cluster.kubectl("apply", "-f", str(INVALID / "min-over-max.yaml"), check=False)
     assert result.returncode != 0
@@ -371,6 +445,28 @@ def test_resync_of_unchanged_model_writes_nothing(cluster: Cluster) -> None:
     assert versions() == before
     if cluster.api is not None:
         # Counted at the API server: no request at all that could write, from anyone.
+        assert cluster.api.write_count() == writes
+
+
+def test_resync_of_a_model_with_quantities_the_api_server_rewrites_writes_nothing(
+    cluster: Cluster,
+) -> None:
+    """Quantities stored in another form than written: a tenth of a millicore is "100u"."""
+    resources = {"cpu": "0.0001", "memory": "1.5Gi"}
+    sidecar = {"resources": {"cpu": "0500m", "memory": "0.25Gi"}}
+    applied(cluster, model("e2e-tiny", resources=resources, sidecar=sidecar))
+    deployment = cluster.wait_for_object("deployment", "e2e-tiny")
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert containers["model-server"]["resources"]["requests"]["cpu"] == "100u"
+    wait_resyncs(cluster, "e2e-tiny", count=1)  # settle: the status is written once
+
+    writes = cluster.api.write_count() if cluster.api is not None else 0
+    version = deployment["metadata"]["resourceVersion"]
+    wait_resyncs(cluster, "e2e-tiny", count=3)
+    after = cluster.get("deployment", "e2e-tiny")
+    assert after is not None and after["metadata"]["resourceVersion"] == version
+    assert len(events(cluster, "e2e-tiny", "ChildUpdated")) == 0
+    if cluster.api is not None:
         assert cluster.api.write_count() == writes
 
 

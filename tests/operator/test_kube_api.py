@@ -148,6 +148,28 @@ def test_a_child_whose_owner_is_already_gone_is_collected(served: ServedKubeApi)
     assert call(served, "GET", f"{CONFIGMAPS}/kept")[0] == 200
 
 
+def test_an_orphaning_delete_leaves_the_dependents_without_that_owner(
+    served: ServedKubeApi,
+) -> None:
+    """`kubectl delete --cascade=orphan`: the garbage collector takes the owner's reference off
+    its dependents, which stay; their other owners stay too."""
+    reference, other = _owner(served, "orphaner"), _owner(served, "co-owner")
+    body = {"metadata": {"name": "orphan", "ownerReferences": [reference, other]}}
+    _, child = call(served, "POST", CONFIGMAPS, body)
+
+    options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Orphan"}
+    assert call(served, "DELETE", f"{CONFIGMAPS}/orphaner", options)[0] == 200
+    assert call(served, "GET", f"{CONFIGMAPS}/orphaner")[0] == 404
+    status, found = call(served, "GET", f"{CONFIGMAPS}/orphan")
+    assert status == 200
+    assert found["metadata"]["ownerReferences"] == [other]
+    assert found["metadata"]["resourceVersion"] != child["metadata"]["resourceVersion"]
+    # As a query parameter too; the last owner gone, no ownerReferences are left.
+    call(served, "DELETE", f"{CONFIGMAPS}/co-owner?propagationPolicy=Orphan")
+    _, found = call(served, "GET", f"{CONFIGMAPS}/orphan")
+    assert "ownerReferences" not in found["metadata"]
+
+
 def _owner(served: ServedKubeApi, name: str) -> dict[str, str]:
     """A new ConfigMap `name`, as the owner reference its dependents would carry."""
     _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})
@@ -302,3 +324,91 @@ def test_scale_subresource_takes_replicas_as_an_hpa_does(served: ServedKubeApi) 
     assert status == 409
     status, _ = call(served, "PATCH", hpa, {"spec": {"replicas": -1}}, MERGE)
     assert status == 422
+
+
+def _deployment_with(name: str, container: dict[str, Any]) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "main", "image": "x/y:1", **container}]},
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("container", "error"),
+    [
+        (
+            {"env": [{"name": "LEVEL", "value": "a"}, {"name": "LEVEL", "value": "b"}]},
+            '.spec.template.spec.containers[name="main"].env: duplicate entries for key '
+            '[name="LEVEL"]',
+        ),
+        (
+            {"volumeMounts": [{"name": v, "mountPath": "/tmp"} for v in ("a", "b")]},
+            '.spec.template.spec.containers[name="main"].volumeMounts: duplicate entries for key '
+            '[mountPath="/tmp"]',
+        ),
+        (
+            {"env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPaht": "metadata.name"}}}]},
+            '.spec.template.spec.containers[name="main"].env[name="POD"].valueFrom.fieldRef'
+            ".fieldPaht: field not declared in schema",
+        ),
+    ],
+    ids=["duplicate-env", "duplicate-mount", "undeclared-field"],
+)
+def test_an_apply_the_api_server_cannot_type_is_a_bare_500(
+    served: ServedKubeApi, container: dict[str, Any], error: str
+) -> None:
+    """As structured-merge-diff types an applied configuration: the real texts, no reason."""
+    body = _deployment_with("untyped", container)
+    path = f"{DEPLOYMENTS}/untyped?fieldManager=test"
+    status, answer = call(served, "PATCH", path, body, APPLY)
+    prefix = "failed to create typed patch object (default/untyped; apps/v1, Kind=Deployment): "
+    assert (status, answer["message"]) == (500, prefix + error)
+    assert "reason" not in answer
+    assert call(served, "GET", f"{DEPLOYMENTS}/untyped")[0] == 404
+
+
+def test_every_error_of_an_untypable_apply_is_listed(served: ServedKubeApi) -> None:
+    env = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
+    ports = [{"containerPort": 80, "protocol": "TCP"}] * 2
+    body = _deployment_with("many", {"env": env, "ports": ports})
+    status, answer = call(served, "PATCH", f"{DEPLOYMENTS}/many?fieldManager=test", body, APPLY)
+    where = '.spec.template.spec.containers[name="main"]'
+    assert status == 500
+    assert answer["message"].endswith(
+        "Kind=Deployment): errors:\n"
+        f'  {where}.env: duplicate entries for key [name="A"]\n'
+        f'  {where}.ports: duplicate entries for key [containerPort=80,protocol="TCP"]'
+    )
+
+
+@pytest.mark.parametrize(
+    ("written", "stored"),
+    [
+        ("0.0001", "100u"),
+        ("1.5", "1500m"),
+        ("1000m", "1"),
+        ("0.0000000001", "1n"),
+        ("1.5Gi", "1536Mi"),
+        ("1024Ki", "1Mi"),
+        ("0.5Ki", "512"),
+        # Parsed on the fast path and already canonical to the parser: kept as written.
+        ("0500m", "0500m"),
+    ],
+)
+def test_quantities_are_stored_as_the_api_server_writes_them(
+    served: ServedKubeApi, written: str, stored: str
+) -> None:
+    name = f"quantity-{len(served.api.records)}"
+    body = _deployment_with(name, {"resources": {"requests": {"cpu": written, "memory": written}}})
+    _, created = call(served, "POST", DEPLOYMENTS, body)
+    container = created["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": stored, "memory": stored}

@@ -71,6 +71,12 @@ WRONG = {
     "gpu-as-words": ({"resources": {"gpu": "one"}}, "must be of type integer"),
     "pull-secret-as-string": ({"imagePullSecrets": ["x"]}, "must be of type object"),
     "fp16-on-cpu": ({"model": {"handler": "toy", "dtype": "fp16", "device": "cpu"}}, "fp16 needs"),
+    "env-named-twice": (
+        {"model": {"handler": "toy", "env": [{"name": "A"}, {"name": "A", "value": "1"}]}},
+        "bad: Rejected: the API server would refuse Deployment bad: "
+        '.spec.template.spec.containers[name="model-server"].env: duplicate entries for key '
+        '[name="A"]',
+    ),
 }
 
 

@@ -66,6 +66,10 @@ def test_degraded_names_the_cause() -> None:
     assert summary(quota)["Degraded"] == (True, "ReplicaFailure")
     error = SpecError("InvalidHandler", "nope")
     assert summary(deployment(ready=2), error)["Degraded"] == (True, "InvalidHandler")
+    # A spec that keeps the Deployment from being made: Ready says why, too. One that keeps
+    # an update from it leaves Ready to the pods that still serve.
+    assert summary(None, error)["Ready"] == (False, "InvalidHandler")
+    assert summary(deployment(ready=2), error)["Ready"] == (True, "ReplicasReady")
 
 
 def test_last_transition_time_moves_only_on_flips() -> None:

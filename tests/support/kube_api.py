@@ -30,7 +30,7 @@ import yaml
 from aiohttp import web
 
 from carpool_operator.schema import Cause, apply_defaults, prune, validate
-from support import kube_apply, kube_scale
+from support import kube_apply, kube_scale, kube_typed
 from support import kube_protobuf as protobuf
 from support.crd_validation import validate_crd
 from support.kube_defaults import apply_builtin_defaults
@@ -41,6 +41,7 @@ Json = dict[str, Any]
 KindKey = tuple[str, str, str]  # group, version, plural
 ObjectKey = tuple[KindKey, str, str]  # kind, namespace ("" when cluster-scoped), name
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+PROTOBUF = "application/vnd.kubernetes.protobuf"
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
@@ -139,9 +140,10 @@ class ApiFailure(Exception):
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         }
+        if self.reason:  # an error the API server does not know is answered without one
+            status["reason"] = self.reason
         if self.details:
             status["details"] = self.details
         return status
@@ -280,10 +282,14 @@ class KubeApiServer(kmock.KubernetesEmulator):
     `fieldSelector` (equality on dotted paths) and `timeoutSeconds`; PUT; merge, JSON and
     (approximated, see kube_patch) strategic merge patches; server-side apply with field ownership
     (`managedFields`, conflicts, `force`, removal of fields a manager stops applying; see
-    kube_apply); no-op writes do not bump resourceVersion; a status subresource split for
+    kube_apply) and its refusal, with a bare 500, of a built-in object it cannot type against
+    Kubernetes' schema (duplicate keys in a list merged by key, an undeclared field; see
+    kube_typed); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
-    cascading, background-style; a dependent created after its owners are gone goes too);
+    cascading, background-style; a dependent created after its owners are gone goes too; an
+    orphaning delete, `propagationPolicy: Orphan`, takes the owner's reference off its
+    dependents instead, at once, without the owner's transient `orphan` finalizer);
     discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD is validated as the API server validates it (its name, names,
     versions, printer columns and schema: structural, defaults, list and map types, CEL rules and
@@ -300,15 +306,15 @@ class KubeApiServer(kmock.KubernetesEmulator):
     Still unlike a real API server: no authentication, authorization, admission webhooks,
     quotas or namespace lifecycle (objects may land in namespaces that do not exist); no
     controllers (Deployments never get pods or status unless a test writes it); built-in kinds
-    are stored as sent, without schema validation or pruning; CEL rules other than the known
-    ones are ignored; `/openapi/v3` holds only each kind's PATCH operation with its
-    `fieldValidation` parameter (enough for kubectl to leave validation to the server) and no
-    schemas, and there is no `/openapi/v2`, so kubectl's client-side strategic merge falls back
-    to its compiled-in types; no other protobuf, no aggregated discovery (clients fall back to the
-    legacy documents), no deletecollection, `/scale` only for Deployments (see kube_scale; get,
-    update and merge patch), no watch bookmarks, no 410 Gone (the whole history is
-    kept); Tables of built-in kinds show only Name and Age; a metadata-only GET
-    (`as=PartialObjectMetadata`) gets the whole object.
+    are stored as sent, without schema validation or pruning (apply's typed conversion
+    aside); CEL rules other than the known ones are ignored; `/openapi/v3` holds only each
+    kind's PATCH operation with its `fieldValidation` parameter (enough for kubectl to leave
+    validation to the server) and no schemas, and there is no `/openapi/v2`, so kubectl's
+    client-side strategic merge falls back to its compiled-in types; no other protobuf, no
+    aggregated discovery (clients fall back to the legacy documents), no deletecollection,
+    `/scale` only for Deployments (see kube_scale; get, update and merge patch), no watch
+    bookmarks, no 410 Gone (the whole history is kept); Tables of built-in kinds show only Name
+    and Age; a metadata-only GET (`as=PartialObjectMetadata`) gets the whole object.
     """
 
     kinds: dict[KindKey, Kind] = attrs.field(init=False, factory=dict)
@@ -418,10 +424,11 @@ class KubeApiServer(kmock.KubernetesEmulator):
         agent = headers.get("user-agent", "")
         params.setdefault("fieldManager", agent.split("/")[0] or "unknown")
         if path == "/version":
+            major, minor = kube_typed.VERSION.split(".")
             return 200, {
-                "major": "1",
-                "minor": "35",
-                "gitVersion": "v1.35.0",
+                "major": major,
+                "minor": minor,
+                "gitVersion": f"v{kube_typed.VERSION}.0",
                 "platform": "linux/amd64",
             }
         if path == "/api":
@@ -471,12 +478,17 @@ class KubeApiServer(kmock.KubernetesEmulator):
         if method == "PATCH":
             return self._patch(kind, key, request, headers, target.subresource, params)
         if method == "DELETE":
+            # DeleteOptions in JSON (kubectl's); helm's in protobuf are not read.
+            protobuf_body = headers.get("content-type", "").startswith(PROTOBUF)
+            options = {} if protobuf_body else self._body(request, headers)
+            if isinstance(options, dict) and options.get("propagationPolicy"):
+                params.setdefault("propagationPolicy", str(options["propagationPolicy"]))
             return 200, self._delete(kind, key, params)
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported")
 
     @staticmethod
     def _body(request: kmock.Request, headers: dict[str, str]) -> Any:
-        if headers.get("content-type", "").startswith("application/vnd.kubernetes.protobuf"):
+        if headers.get("content-type", "").startswith(PROTOBUF):
             try:
                 return protobuf.decode(request.body)
             except (ValueError, IndexError, UnicodeDecodeError) as error:
@@ -610,7 +622,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
             raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
         return {
             "openapi": "3.0.0",
-            "info": {"title": "Kubernetes", "version": "v1.35.0"},
+            "info": {"title": "Kubernetes", "version": f"v{kube_typed.VERSION}.0"},
             "paths": paths,
         }
 
@@ -914,6 +926,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     ) -> tuple[int, Json]:
         if not isinstance(body, dict):
             raise ApiFailure(400, "BadRequest", "the applied configuration is not an object")
+        if kind.schema is None and (refused := kube_typed.refusal(body)):
+            raise ApiFailure(500, "", refused)
         if key not in self.store:
             return 201, self._create(kind, key[1], body, {**params, "apply": "true"})
         old = self._existing(kind, key)
@@ -961,6 +975,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
         obj = self._existing(kind, key)
         if params.get("dryRun"):
             return obj
+        if params.get("propagationPolicy") == "Orphan":
+            self._orphan(obj["metadata"]["uid"])
         metadata = obj["metadata"]
         if metadata.get("finalizers"):
             if not metadata.get("deletionTimestamp"):
@@ -972,6 +988,23 @@ class KubeApiServer(kmock.KubernetesEmulator):
         metadata["resourceVersion"] = str(next(self._revision))
         self._remove(kind, key, obj)
         return obj
+
+    def _orphan(self, uid: str) -> None:
+        """What the garbage collector does for an orphaning delete: each dependent loses its
+        reference to the owner (a patch of its own), and stays."""
+        for (kind_key, namespace, name), obj in list(self.store.items()):
+            references = obj["metadata"].get("ownerReferences") or []
+            kept = [reference for reference in references if reference.get("uid") != uid]
+            if len(kept) == len(references):
+                continue
+            orphan = copy.deepcopy(obj)
+            if kept:
+                orphan["metadata"]["ownerReferences"] = kept
+            else:
+                del orphan["metadata"]["ownerReferences"]
+            params = {"fieldManager": "kube-controller-manager"}
+            key = (kind_key, namespace, name)
+            self._update(self.kinds[kind_key], key, orphan, "", params, replace=False)
 
     def _remove(self, kind: Kind, key: ObjectKey, obj: Json) -> None:
         """Delete for good, then collect what it owned (and, for a CRD, its objects)."""

@@ -1,29 +1,16 @@
 """A few defaults the API server adds to built-in kinds.
 
 Enough that a client comparing its desired object with the stored one must ignore fields it
-did not set, and must compare quantities by value ("1000m" is stored as "1").
+did not set, and must compare quantities as the API server stores them ("1000m" is stored as
+"1", "0.0001" as "100u"; the form comes from carpool_operator.quantity, whose test holds it
+to apimachinery's own cases).
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-
-
-def canonical_quantity(text: str) -> str:
-    """The API server's canonical form for the simple cases: millis and whole numbers."""
-    if text.endswith("m") and text[:-1].isdigit():
-        millis = int(text[:-1])
-        return str(millis // 1000) if millis % 1000 == 0 else text
-    try:
-        value = Decimal(text)
-    except ArithmeticError:
-        return text
-    if value == value.to_integral_value():
-        return str(int(value))
-    return f"{int(value * 1000)}m"
+from carpool_operator.quantity import canonical
 
 
 def _container(container: dict[str, Any]) -> None:
@@ -49,8 +36,14 @@ def _container(container: dict[str, Any]) -> None:
                 probe["httpGet"].setdefault("scheme", "HTTP")
     for section in ("requests", "limits"):
         values = container.get("resources", {}).get(section, {})
-        for name in list(values):
-            values[name] = canonical_quantity(str(values[name]))
+        _canonical(values, list(values))
+
+
+def _canonical(node: dict[str, Any], keys: list[str]) -> None:
+    """The quantities at `keys` of `node` in the form the API server stores them."""
+    for key in keys:
+        if key in node:
+            node[key] = canonical(str(node[key])) or node[key]
 
 
 def _pod_spec(spec: dict[str, Any]) -> None:
@@ -92,3 +85,8 @@ def apply_builtin_defaults(kind: str, obj: dict[str, Any]) -> None:
         for port in spec.get("ports", []):
             port.setdefault("protocol", "TCP")
             port.setdefault("targetPort", port.get("port"))
+    elif kind == "HorizontalPodAutoscaler":
+        for metric in spec.get("metrics", []):
+            for source in metric.values():
+                if isinstance(source, dict) and isinstance(source.get("target"), dict):
+                    _canonical(source["target"], ["value", "averageValue"])

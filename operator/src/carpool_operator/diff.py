@@ -2,9 +2,10 @@
 
 The API server adds defaults (a Service's clusterIP, a probe's scheme, a container's
 terminationMessagePath), leaves out zero values (`hostNetwork: false`) and rewrites quantities
-("1000m" becomes "1"); none of that is drift. Other field managers may add items to the lists
-that Kubernetes merges by key (an injected container, an extra port); that is theirs, not drift
-either. Anything we render that differs, or is missing, is.
+("1000m" becomes "1", "0.0001" "100u"; see quantity.py); none of that is drift. Other field
+managers may add items to the lists that Kubernetes merges by key (an injected container, an
+extra port); that is theirs, not drift either. Anything we render that differs, or is
+missing, is.
 
 What `contains` cannot see, a field we rendered before and no longer render, the digest
 annotation catches: it changes whenever the rendered manifest does.
@@ -14,74 +15,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from decimal import Decimal
 from typing import Any
 
+from carpool_operator.merge_keys import item_key
+from carpool_operator.quantity import canonical
 from carpool_operator.types import Manifest
 
 # On every child: the digest of the manifest last applied (see `digest`).
 APPLIED_ANNOTATION = "carpool.dev/applied-digest"
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SUFFIX = {
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
 # Where resource quantities live, which the API server canonicalises.
 _QUANTITY_MAPS = {"limits", "requests"}
 _QUANTITY_KEYS = {"averageValue"}
-
-
-def quantity(text: str) -> Decimal | None:
-    match = _QUANTITY.match(text)
-    if not match:
-        return None
-    try:
-        number = Decimal(match.group(1))
-    except ArithmeticError:
-        return None
-    return number * _SUFFIX.get(match.group(2) or "", Decimal(1))
 
 
 def _same_scalar(actual: Any, desired: Any, is_quantity: bool) -> bool:
     if actual == desired and type(actual) is type(desired):
         return True
     if is_quantity and isinstance(actual, str | int) and isinstance(desired, str):
-        left, right = quantity(str(actual)), quantity(desired)
-        return left is not None and left == right
+        stored = canonical(desired)
+        return stored is not None and canonical(str(actual)) == stored
     return False
-
-
-# Lists the API server merges by key (core/v1 and apps/v1 `listType=map`), by field name.
-_LIST_KEYS = {
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "volumes": ("name",),
-    "env": ("name",),
-    "volumeMounts": ("mountPath",),
-    "imagePullSecrets": ("name",),
-}
-
-
-def _item_key(field: str, item: Any) -> tuple[Any, ...] | None:
-    if not isinstance(item, dict):
-        return None
-    if field == "ports":
-        return (item.get("containerPort", item.get("port")), item.get("protocol", "TCP"))
-    keys = _LIST_KEYS.get(field)
-    return tuple(item.get(key) for key in keys) if keys else None
 
 
 def _zero(value: Any) -> bool:
@@ -91,10 +45,10 @@ def _zero(value: Any) -> bool:
 def _contains_list(actual: Any, desired: list[Any], key: str, parent: str) -> bool:
     if not isinstance(actual, list):
         return False
-    if desired and all(_item_key(key, item) is not None for item in desired):
+    if desired and all(item_key(key, item) is not None for item in desired):
         # Merged by key: each of our items must be there; others' items may be too.
-        found = {_item_key(key, item): item for item in actual}
-        return all(contains(found.get(_item_key(key, item)), item, "", key) for item in desired)
+        found = {item_key(key, item): item for item in actual}
+        return all(contains(found.get(item_key(key, item)), item, "", key) for item in desired)
     # Atomic: ours whole, same length, each item containing ours in order.
     if len(actual) != len(desired):
         return False

@@ -94,10 +94,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 # kopf declares `memo` as Any in its handler protocols; _runtime() narrows it.
 async def on_model(
-    name: str, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
+    name: str, namespace: str | None, memo: Any, logger: kopf.Logger, retry: int, **_: Any
 ) -> None:
     """Create, update and resume converge the same way (and so does the resync loop)."""
-    await reconcile(_runtime(memo), namespace or "default", name, logger)
+    await reconcile(_runtime(memo), namespace or "default", name, logger, retry)
 
 
 async def on_model_event(

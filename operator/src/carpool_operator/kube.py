@@ -78,6 +78,17 @@ def _matches(namespace: str, patterns: tuple[str, ...]) -> bool:
     )
 
 
+# The API server's answer to an apply it cannot type against the kind's schema (duplicate keys
+# in a list merged by key, a field the kind does not declare): a bare 500 with this text
+# (k8s.io/apimachinery managedfields, structuredmerge.go). The same request fails the same way.
+UNTYPABLE_APPLY = "failed to create typed patch object"
+# Retries wait FIRST_RETRY_S (LONG_FIRST_RETRY_S after throttling or a refusal of permission),
+# twice as long after each failure in a row, at most MAX_RETRY_S.
+FIRST_RETRY_S = 5.0
+LONG_FIRST_RETRY_S = 30.0
+MAX_RETRY_S = 600.0
+
+
 class ApiError(Exception):
     """A non-success answer of the API server."""
 
@@ -89,8 +100,17 @@ class ApiError(Exception):
 
     @property
     def transient(self) -> bool:
-        """Worth retrying: conflicts, throttling, server trouble, missing permissions."""
-        return self.status in (403, 404, 409, 429) or self.status >= 500
+        """Worth retrying: expired credentials (kopf renews them), missing permissions
+        (someone may grant them), conflicts, throttling, server trouble; not a request the API
+        server refuses as such (400, 422, an apply it cannot type)."""
+        if self.status >= 500:
+            return UNTYPABLE_APPLY not in self.message
+        return self.status in (401, 403, 404, 409, 429)
+
+    def retry_delay(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (0: the first) of a transient error."""
+        first = LONG_FIRST_RETRY_S if self.status in (403, 429) else FIRST_RETRY_S
+        return min(MAX_RETRY_S, first * 2.0 ** min(retry, 32))
 
 
 class KubeClient:

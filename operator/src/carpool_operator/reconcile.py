@@ -12,14 +12,17 @@ from typing import Any
 
 import kopf
 
+from carpool_operator.adoption import adoptable
 from carpool_operator.autoscaling_status import dependency_conditions
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
 from carpool_operator.handover import hand_over_replicas
 from carpool_operator.kube import RESOURCES, ApiError, KubeClient
+from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
 from carpool_operator.references import check_references
+from carpool_operator.refusals import Refusals
 from carpool_operator.render import render_spec, selector_for, service_url
 from carpool_operator.spec import ModelSpec, SpecError, parse
 from carpool_operator.status import Observation, desired_status, merge_conditions, observe
@@ -27,6 +30,8 @@ from carpool_operator.types import Manifest
 
 # Kinds rendered only under some specs; an owned leftover of these is deleted.
 OPTIONAL_KINDS = ("PodDisruptionBudget", "HorizontalPodAutoscaler", "PodMonitor")
+# The most of an API server's message a condition repeats.
+MESSAGE_LIMIT = 2048
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Runtime:
     )
     # The periodic resync (see resync.py), started at start-up, cancelled at cleanup.
     resync: asyncio.Task[None] | None = None
+    refusals: Refusals = field(default_factory=Refusals)
 
 
 def _owned_by(child: Mapping[str, Any], uid: str) -> bool:
@@ -50,26 +56,49 @@ def _owned_by(child: Mapping[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
-def _retry(error: ApiError) -> kopf.TemporaryError:
-    # Throttling and missing permissions deserve a longer breath than a lost race.
-    delay = 30 if error.status in (403, 429) else 5
-    return kopf.TemporaryError(f"API server: {error}", delay=delay)
+def _retry(error: ApiError, retry: int) -> kopf.TemporaryError | kopf.PermanentError:
+    """kopf's retry of the handler: later and later while the error may pass, never if not."""
+    if not error.transient:
+        return kopf.PermanentError(f"API server: {error}")
+    return kopf.TemporaryError(f"API server: {error}", delay=error.retry_delay(retry))
 
 
-async def _apply(kube: KubeClient, owner: Manifest, rendered: Manifest, uid: str) -> None:
+def _rejected(kind: str, name: str, message: str) -> SpecError:
+    if len(message) > MESSAGE_LIMIT:
+        message = message[:MESSAGE_LIMIT] + "..."
+    return SpecError("Rejected", f"the API server refused {kind} {name}: {message}")
+
+
+async def _apply(
+    kube: KubeClient, refusals: Refusals, owner: Manifest, rendered: Manifest, spec: ModelSpec
+) -> None:
     manifest = with_digest(rendered)
     kind, metadata = manifest["kind"], manifest["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
+    if (refused := refusals.of(spec.name, manifest)) is not None:
+        raise _rejected(kind, name, refused)
     actual = await kube.get(kind, namespace, name)
     if actual is None:
-        await kube.apply(manifest)
-        await kube.post_event(owner, "ChildCreated", f"created {kind} {name}", warning=False)
-    elif not _owned_by(actual, uid):
+        news = "ChildCreated", f"created {kind} {name}"
+    elif _owned_by(actual, spec.uid):
+        if up_to_date(actual, manifest):
+            return
+        news = "ChildUpdated", f"updated {kind} {name}"
+    elif adoptable(actual, manifest):
+        news = "ChildAdopted", f"adopted {kind} {name}, which an earlier {spec.name} left"
+    else:
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
-    elif not up_to_date(actual, manifest):
+    if actual is not None:
         await hand_over_replicas(kube, owner, actual, manifest)
+    try:
         await kube.apply(manifest)
-        await kube.post_event(owner, "ChildUpdated", f"updated {kind} {name}", warning=False)
+    except ApiError as error:
+        if error.transient:
+            raise
+        refusals.refused(spec.name, manifest, error.message)
+        raise _rejected(kind, name, error.message) from error
+    refusals.accepted(spec.name, manifest)
+    await kube.post_event(owner, *news, warning=False)
 
 
 async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
@@ -83,14 +112,16 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
             await kube.post_event(owner, "ChildDeleted", message, warning=False)
 
 
-async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
+async def _children(runtime: Runtime, body: Manifest, spec: ModelSpec) -> None:
+    kube = runtime.kube
     await check_references(kube, spec)
     podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
+    refuse_duplicates(manifests)
     # Pruning first: an HPA being switched off is gone before carpool takes replicas back.
     await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
     for manifest in manifests:
-        await _apply(kube, body, manifest, spec.uid)
+        await _apply(kube, runtime.refusals, body, manifest, spec)
 
 
 def _clamp_news(current: Mapping[str, Any], wanted: Manifest, applied: ModelSpec) -> bool:
@@ -162,45 +193,48 @@ async def _status(
 
 
 async def _converge(
-    runtime: Runtime, namespace: str, name: str, logger: kopf.Logger
+    runtime: Runtime, namespace: str, name: str, logger: kopf.Logger, retry: int
 ) -> Observation | None:
     """One pass over one BatchedModel; None when it is gone or going."""
     kube = runtime.kube
     try:
         body = await kube.get("BatchedModel", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            runtime.refusals.forget(namespace, name)
             return None  # garbage collection removes the children
         applied: ModelSpec | None = None
         error: SpecError | None = None
         try:
             spec = parse(body, defaults=runtime.defaults)
-            await _children(kube, body, spec)
+            await _children(runtime, body, spec)
             applied = spec
         except SpecError as problem:
-            # Retrying cannot fix a spec; the status (and one event) say what is wrong until
-            # it changes, so each resync need not repeat it above debug level.
+            # Retrying cannot fix a spec, nor a child the API server refuses; the status (and
+            # one event) say what is wrong until it changes, so each resync need not repeat it
+            # above debug level.
             logger.debug(f"cannot realise {namespace}/{name}: {problem.message}")
             error = problem
-        except ApiError as problem:
-            if problem.transient:
-                raise
-            error = SpecError("Rejected", f"the API server refused a child: {problem.message}")
         return await _status(kube, body, applied, error)
     except ApiError as problem:
-        raise _retry(problem) from problem
+        raise _retry(problem, retry) from problem
 
 
 def _condition(observation: Observation, kind: str) -> bool:
     return any(item.status for item in observation.conditions if item.type == kind)
 
 
-async def reconcile(runtime: Runtime, namespace: str, name: str, logger: kopf.Logger) -> None:
-    """Level-triggered: read the BatchedModel afresh, then fix its children and status."""
+async def reconcile(
+    runtime: Runtime, namespace: str, name: str, logger: kopf.Logger, retry: int = 0
+) -> None:
+    """Level-triggered: read the BatchedModel afresh, then fix its children and status.
+
+    `retry`: kopf's count of this handler's failures in a row, which lengthens the next wait.
+    """
     metrics = runtime.metrics
     async with runtime.locks[namespace, name]:
         started = time.monotonic()
         try:
-            observation = await _converge(runtime, namespace, name, logger)
+            observation = await _converge(runtime, namespace, name, logger, retry)
         except Exception:
             metrics.reconciled("error", time.monotonic() - started)
             raise

@@ -6,7 +6,8 @@ BatchedModel the CRD serves, with a name (documents.py). Other objects (a Namesp
 the models) are skipped. Each BatchedModel is then checked as the API server would check it
 (the CRD's schema and CEL rules, see schema.py), its free-form parts against Kubernetes' own
 schemas (free_form.py, when kubernetes-validate is installed; else a warning says what was
-not checked), then as the operator would (spec.py).
+not checked), then as the operator would (spec.py), and its children for keys that two items
+of a list share, which server-side apply refuses (merge_keys.py).
 
 A problem with the file is one line `Error: FILE: [line L: ]PROBLEM`; a problem with a
 BatchedModel is one line `NAME: FIELD: MESSAGE`. Any problem means exit code 2 and no output.
@@ -31,6 +32,7 @@ from carpool_operator.bounded_yaml import (
     read_bounded,
 )
 from carpool_operator.documents import DocumentProblem, batched_model, metadata_causes
+from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.options import default_options, defaults_from
 from carpool_operator.render import render
 from carpool_operator.schema import admit, served
@@ -82,7 +84,9 @@ def _children(
     if causes:
         return [], [f"{name}: {cause.field}: {cause.message}" for cause in causes]
     try:
-        return render(admitted, defaults=defaults, podmonitor_api=podmonitor), []
+        children = render(admitted, defaults=defaults, podmonitor_api=podmonitor)
+        refuse_duplicates(children)
+        return children, []
     except SpecError as error:
         return [], [f"{name}: {error.reason}: {error.message}"]
 

@@ -62,7 +62,9 @@ def observe(
         found.get("metadata", {}).get("generation", 0)
     )
 
-    if deployment is None:
+    if deployment is None and error is not None:  # what keeps the Deployment from being made
+        ready_condition = Condition("Ready", False, error.reason, error.message)
+    elif deployment is None:
         ready_condition = Condition("Ready", False, "DeploymentMissing", "no Deployment yet")
     elif desired == 0:
         ready_condition = Condition("Ready", False, "ScaledToZero", "0 replicas desired")
