@@ -164,7 +164,7 @@ def test_autoscaling_up_keeps_the_model_ready(cluster: Cluster) -> None:
     cluster.wait_for_object(
         "bm", "e2e-hpa", lambda found: found["status"]["replicasReady"] == "2/5"
     )
-    wait_resyncs(cluster, "e2e-hpa")
+    wait_resyncs(cluster)
     found = cluster.get("bm", "e2e-hpa")
     assert found is not None
     assert condition(found, "Ready")["status"] == "True"

@@ -68,7 +68,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
     # Owned by the runtime: `cleanup` cancels and awaits it.
     runtime.resync = asyncio.create_task(
-        resync_forever(runtime.kube, memo["namespaces"], memo["resync_seconds"], resync)
+        resync_forever(
+            runtime.kube, memo["namespaces"], memo["resync_seconds"], resync, metrics.resynced
+        )
     )
 
 

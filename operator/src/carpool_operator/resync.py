@@ -20,9 +20,16 @@ Reconcile = Callable[[str, str], Awaitable[None]]
 
 
 async def resync_forever(
-    kube: KubeClient, namespaces: tuple[str, ...], interval_s: float, reconcile: Reconcile
+    kube: KubeClient,
+    namespaces: tuple[str, ...],
+    interval_s: float,
+    reconcile: Reconcile,
+    done: Callable[[], None],
 ) -> None:
-    """Every `interval_s`, reconcile each BatchedModel of `namespaces` (all when empty)."""
+    """Every `interval_s`, reconcile each BatchedModel of `namespaces` (all when empty).
+
+    `done` hears of every pass that went over all of them.
+    """
     while True:
         await asyncio.sleep(interval_s)
         try:
@@ -38,3 +45,4 @@ async def resync_forever(
                 log.debug(f"resync of {namespace}/{name}: {error}")
             except Exception:  # a bug in one model's reconcile must not end every resync
                 log.exception(f"resync of {namespace}/{name} failed")
+        done()
