@@ -215,3 +215,106 @@ def test_server_side_apply_tracks_field_ownership(
     managed = json.loads(shown.stdout)["metadata"]["managedFields"]
     managers = {entry["manager"] for entry in managed}
     assert managers == {"alice", "bob"}
+
+
+def test_a_watch_from_a_compacted_version_is_told_to_list_again() -> None:
+    with ServedKubeApi() as fresh:
+        _, listing = call(fresh, "GET", CONFIGMAPS)
+        before = listing["metadata"]["resourceVersion"]
+        call(fresh, "POST", CONFIGMAPS, {"metadata": {"name": "missed"}})
+        fresh.api.compact()
+        (event,) = watch(fresh, f"{CONFIGMAPS}?watch=true&resourceVersion={before}")
+        assert event["type"] == "ERROR"
+        assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+        assert f"too old resource version: {before}" in event["object"]["message"]
+
+        _, listing = call(fresh, "GET", CONFIGMAPS)
+        assert [item["metadata"]["name"] for item in listing["items"]] == ["missed"]
+        since = listing["metadata"]["resourceVersion"]
+        call(fresh, "DELETE", f"{CONFIGMAPS}/missed")
+        events = watch(fresh, f"{CONFIGMAPS}?watch=true&resourceVersion={since}&timeoutSeconds=1")
+        assert [event["type"] for event in events] == ["DELETED"]
+
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def test_rbac_grants_a_service_account_what_its_bindings_say() -> None:
+    with ServedKubeApi() as fresh:
+        token = fresh.api.service_account_token("ops", "robot")
+        status, denied = call(fresh, "GET", CONFIGMAPS, token=token)
+        assert (status, denied["reason"]) == (403, "Forbidden")
+        assert denied["message"] == (
+            'configmaps is forbidden: User "system:serviceaccount:ops:robot" cannot list '
+            'resource "configmaps" in API group "" in the namespace "default"'
+        )
+        assert call(fresh, "GET", "/apis", token=token)[0] == 200  # discovery is open
+
+        role = {
+            "metadata": {"name": "reader"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "verbs": ["get"],
+                    "resourceNames": ["named"],
+                },
+            ],
+        }
+        binding = {
+            "metadata": {"name": "reader"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": "ops"}],
+        }
+        call(fresh, "POST", f"{RBAC}/namespaces/default/roles", role)
+        call(fresh, "POST", f"{RBAC}/namespaces/default/rolebindings", binding)
+        secrets = "/api/v1/namespaces/default/secrets"
+        answers = {
+            "list here": call(fresh, "GET", CONFIGMAPS, token=token)[0],
+            "list elsewhere": call(fresh, "GET", "/api/v1/namespaces/ops/configmaps", token=token)[
+                0
+            ],
+            "watch": call(fresh, "GET", f"{CONFIGMAPS}?watch=true", token=token)[0],
+            "named secret": call(fresh, "GET", f"{secrets}/named", token=token)[0],
+            "other secret": call(fresh, "GET", f"{secrets}/other", token=token)[0],
+            "all secrets": call(fresh, "GET", secrets, token=token)[0],
+        }
+        assert answers == {
+            "list here": 200,
+            "list elsewhere": 403,
+            "watch": 403,
+            "named secret": 404,  # allowed, and not there
+            "other secret": 403,
+            "all secrets": 403,
+        }
+
+
+def test_an_apply_that_creates_needs_create_too() -> None:
+    with ServedKubeApi() as fresh:
+        token = fresh.api.service_account_token("ops", "robot")
+        role = {
+            "metadata": {"name": "patcher"},
+            "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["patch"]}],
+        }
+        binding = {
+            "metadata": {"name": "patcher"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "patcher",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": "ops"}],
+        }
+        call(fresh, "POST", f"{RBAC}/clusterroles", role)
+        call(fresh, "POST", f"{RBAC}/clusterrolebindings", binding)
+        path = f"{DEPLOYMENTS}/applied?fieldManager=robot"
+        manifest = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "applied"}}
+        apply = "application/apply-patch+yaml"
+        status, denied = call(fresh, "PATCH", path, manifest, apply, token=token)
+        assert (status, denied["reason"]) == (403, "Forbidden")
+        assert "cannot create resource" in denied["message"]
+
+        role["rules"][0]["verbs"] = ["patch", "create"]
+        call(fresh, "PUT", f"{RBAC}/clusterroles/patcher", role)
+        assert call(fresh, "PATCH", path, manifest, apply, token=token)[0] == 201

@@ -16,11 +16,14 @@ def call(
     path: str,
     body: Any = None,
     content_type: str = "application/json",
+    token: str = "",
 ) -> tuple[int, Any]:
     """The status and JSON answer of one request (an error status is an answer too)."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(served.url + path, data=data, method=method)
     request.add_header("Content-Type", content_type)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read() or b"null")
