@@ -67,7 +67,7 @@ def granted_by_chart(sets: tuple[str, ...] = ()) -> set[Permission]:
     return granted
 
 
-def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permission]:
+def used_by_operator(cluster: Cluster) -> set[Permission]:
     assert cluster.api is not None
     used: set[Permission] = set()
     for record in cluster.api.records:
@@ -79,9 +79,8 @@ def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permiss
         resource = f"{target.plural}/{target.subresource}" if target.subresource else target.plural
         verbs = {"POST": ["create"], "PATCH": ["patch"], "PUT": ["update"], "DELETE": ["delete"]}
         if record.method == "GET":
-            # The log keeps no query string: kopf lists each collection, then watches it.
-            collection = ["list", "watch"] if record.agent.startswith(kopf_agent) else ["list"]
-            needed = ["get"] if target.name else collection
+            watching = "watch=true" in record.query.split("&")
+            needed = ["get"] if target.name else ["watch"] if watching else ["list"]
         elif record.content_type.startswith("application/apply-patch"):
             # A server-side apply that creates its object is authorized as create too.
             needed = ["patch", "create"]

@@ -13,15 +13,17 @@ from typing import Any
 import kopf
 
 from carpool_operator.autoscaling_status import dependency_conditions
+from carpool_operator.cache import Cache
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
-from carpool_operator.kube import RESOURCES, ApiError, KubeClient
+from carpool_operator.kube import ApiError, KubeClient
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
 from carpool_operator.references import check_references
 from carpool_operator.render import render_spec, selector_for, service_url
 from carpool_operator.spec import ModelSpec, SpecError, parse
 from carpool_operator.status import Observation, desired_status, merge_conditions, observe
+from carpool_operator.triggers import Triggers
 from carpool_operator.types import Manifest
 
 # Kinds rendered only under some specs; an owned leftover of these is deleted.
@@ -40,7 +42,11 @@ class Runtime:
     locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
-    # The periodic resync (see resync.py), started at start-up, cancelled at cleanup.
+    # The watches' cache the reads come from (started at login) and the reconciles its events
+    # ask for; the periodic resync (see resync.py), started at start-up. Each is stopped at
+    # cleanup.
+    cache: Cache | None = None
+    triggers: Triggers | None = None
     resync: asyncio.Task[None] | None = None
 
 
@@ -83,7 +89,7 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
 
 async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
     await check_references(kube, spec)
-    podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
+    podmonitor_api = spec.pod_monitor and await kube.serves("PodMonitor")
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
     for manifest in manifests:
         await _apply(kube, body, manifest, spec.uid)
