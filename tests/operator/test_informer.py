@@ -16,6 +16,7 @@ import pytest
 from support.fault_api import FaultyServedKubeApi
 from support.kube_api import Kind
 from support.kube_http import call
+from support.kube_rbac import binding
 
 from carpool_operator.cache import MANAGED
 from carpool_operator.informer import Informer, State
@@ -130,13 +131,9 @@ async def test_a_kind_the_operator_may_not_list_says_why_until_granted() -> None
         rbac = "/apis/rbac.authorization.k8s.io/v1"
         rule = {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"]}
         role = {"metadata": {"name": "hpa"}, "rules": [{**rule, "verbs": ["list", "watch"]}]}
-        binding = {
-            "metadata": {"name": "hpa"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hpa"},
-            "subjects": [{"kind": "ServiceAccount", "name": "carpool", "namespace": "carpool"}],
-        }
+        bound = binding("Role", "hpa", "carpool", "carpool")
         call(served, "POST", f"{rbac}/namespaces/default/roles", role)
-        call(served, "POST", f"{rbac}/namespaces/default/rolebindings", binding)
+        call(served, "POST", f"{rbac}/namespaces/default/rolebindings", bound)
         await eventually("listed", lambda: watched.informer.state is State.LISTED)
         assert watched.informer.refusal is None
         task.cancel()

@@ -12,6 +12,7 @@ import pytest
 from support.kube_api import ServedKubeApi
 from support.kube_cluster import Cluster
 from support.kube_http import call
+from support.kube_rbac import binding
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -262,13 +263,9 @@ def test_rbac_grants_a_service_account_what_its_bindings_say() -> None:
                 },
             ],
         }
-        binding = {
-            "metadata": {"name": "reader"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
-            "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": "ops"}],
-        }
         call(fresh, "POST", f"{RBAC}/namespaces/default/roles", role)
-        call(fresh, "POST", f"{RBAC}/namespaces/default/rolebindings", binding)
+        bound = binding("Role", "reader", "ops", "robot")
+        call(fresh, "POST", f"{RBAC}/namespaces/default/rolebindings", bound)
         secrets = "/api/v1/namespaces/default/secrets"
         answers = {
             "list here": call(fresh, "GET", CONFIGMAPS, token=token)[0],
@@ -297,17 +294,9 @@ def test_an_apply_that_creates_needs_create_too() -> None:
             "metadata": {"name": "patcher"},
             "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["patch"]}],
         }
-        binding = {
-            "metadata": {"name": "patcher"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "patcher",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": "ops"}],
-        }
         call(fresh, "POST", f"{RBAC}/clusterroles", role)
-        call(fresh, "POST", f"{RBAC}/clusterrolebindings", binding)
+        bound = binding("ClusterRole", "patcher", "ops", "robot")
+        call(fresh, "POST", f"{RBAC}/clusterrolebindings", bound)
         path = f"{DEPLOYMENTS}/applied?fieldManager=robot"
         manifest = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "applied"}}
         apply = "application/apply-patch+yaml"

@@ -126,3 +126,13 @@ def forbidden_message(request: Attributes) -> str:
         f'{subject} is forbidden: User "{request.user}" cannot {request.verb} resource '
         f'"{resource}" in API group "{request.group}" {where}'
     )
+
+
+def binding(role_kind: str, role: str, namespace: str, account: str) -> Json:
+    """A binding of the Role or ClusterRole `role` to the ServiceAccount namespace/account
+    (POST it as a RoleBinding or a ClusterRoleBinding, under the role's name)."""
+    return {
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }

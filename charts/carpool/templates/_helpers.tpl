@@ -146,7 +146,8 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
   resources: ["secrets"]
   verbs: ["get"]
 # Application: the optional PDB and HPA, listed and watched (by label) into the cache,
-# deleted when the spec stops asking for them.
+# deleted when the spec stops asking for them. Optional: without these rules the operator runs
+# every model that does not ask for the kind, and reports Degraded (Forbidden) on one that does.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "watch", "create", "patch", "delete"]
@@ -155,7 +156,7 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
   verbs: ["list", "watch", "create", "patch", "delete"]
 # Application: a PodMonitor per BatchedModel so that Prometheus scrapes the sidecar and the
 # model server, when the spec asks and the Prometheus Operator CRDs exist; listed and watched
-# like the PDB and HPA, deleted when the spec stops asking for it.
+# like the PDB and HPA, deleted when the spec stops asking for it. Optional as they are.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
   verbs: ["list", "watch", "create", "patch", "delete"]
