@@ -114,7 +114,7 @@ def test_cluster_role_is_exactly_what_the_operator_uses(
         elsewhere.apply(stranger)
         model["metadata"]["namespace"] = MODELS
         model["spec"]["monitoring"] = {"podMonitor": True}
-        # A Secret the model's env reads: the operator checks that it exists.
+        # A Secret the model's env reads: the kubelet reads it, the operator never does.
         cluster.kubectl("create", "secret", "generic", "token", "--from-literal=token=x")
         reference = {"secretKeyRef": {"name": "token", "key": "token"}}
         model["spec"]["model"]["env"] = [{"name": "TOKEN", "valueFrom": reference}]

@@ -140,11 +140,8 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
-# Application: whether a Secret that a model's env reads exists (metadata only is asked for),
-# so that a missing one is reported as SecretNotFound rather than as stuck pods.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
+# No rule for Secrets: a get would let the operator read every Secret's data. A Secret a model
+# reads and that is missing is reported from its pods (the kubelet's CreateContainerConfigError).
 # Application: the optional PDB and HPA, listed and watched (by label) into the cache,
 # deleted when the spec stops asking for them. Optional: without these rules the operator runs
 # every model that does not ask for the kind, and reports Degraded (Forbidden) on one that does.

@@ -70,11 +70,8 @@ RESOURCES: dict[str, Resource] = {
     "PodMonitor": Resource("monitoring.coreos.com", "v1", "podmonitors"),
     "BatchedModel": Resource("carpool.dev", "v1alpha1", "batchedmodels"),
     "Event": Resource("", "v1", "events"),
-    "Secret": Resource("", "v1", "secrets"),
     "Pod": Resource("", "v1", "pods"),
 }
-# Asks for metadata only: a Secret's data never reaches the operator.
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 REPORTING_COMPONENT = "carpool-operator"
 # No Kubernetes object comes near this (etcd refuses requests over 1.5 MiB by default): a watch
 # line longer than this is not one, and ends the watch.
@@ -165,15 +162,12 @@ class KubeClient:
         body: Manifest | None = None,
         content_type: str = "",
         params: dict[str, str] | None = None,
-        accept: str = "",
     ) -> Any:
         session, info = self._client()
         # Credentials per request: kopf may log in again (a refreshed token) at any time.
         headers = info.as_http_headers()
         if content_type:
             headers["Content-Type"] = content_type
-        if accept:
-            headers["Accept"] = accept
         url = info.server.rstrip("/") + path
         try:
             async with session.request(
@@ -193,17 +187,6 @@ class KubeClient:
 
     async def get(self, kind: str, namespace: str, name: str) -> Manifest | None:
         return await self._store().get(kind, namespace, name)
-
-    async def exists(self, kind: str, namespace: str, name: str) -> bool:
-        """Whether an object exists, asking the API server for its metadata only."""
-        path = RESOURCES[kind].path(namespace, name)
-        try:
-            await self._request("GET", path, accept=METADATA_ONLY)
-        except ApiError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
 
     async def select(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Manifest]:
         """The objects of a kind in a namespace whose labels match `selector`."""

@@ -19,7 +19,6 @@ from carpool_operator.diff import up_to_date, with_digest
 from carpool_operator.kube import ApiError, KubeClient
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
-from carpool_operator.references import check_references
 from carpool_operator.render import render_spec, selector_for, service_url
 from carpool_operator.spec import ModelSpec, SpecError, parse
 from carpool_operator.status import Observation, desired_status, merge_conditions, observe
@@ -93,7 +92,6 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
 
 
 async def _children(kube: KubeClient, body: Manifest, spec: ModelSpec) -> None:
-    await check_references(kube, spec)
     podmonitor_api = spec.pod_monitor and await kube.serves("PodMonitor")
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
     try:
