@@ -112,14 +112,7 @@ class Cache:
         self, kind: str, namespace: str, selector: Mapping[str, str]
     ) -> list[Manifest]:
         informer = await self._ready(kind, namespace)
-        if informer is None:
-            return []
-        return [
-            found
-            for found in informer.items()
-            if found["metadata"].get("namespace") == namespace
-            and selector.items() <= (found["metadata"].get("labels") or {}).items()
-        ]
+        return informer.select(namespace, selector) if informer is not None else []
 
     async def serves(self, kind: str) -> bool:
         informer = next(i for (k, _), i in self._informers.items() if k == kind)

@@ -13,7 +13,7 @@ import asyncio
 import copy
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from carpool_operator.kube import RESOURCES, ApiError, KubeClient
@@ -89,8 +89,14 @@ class Informer:
         found = self._objects.get((namespace, name))
         return copy.deepcopy(found) if found is not None else None
 
-    def items(self) -> list[Manifest]:
-        return [copy.deepcopy(found) for found in self._objects.values()]
+    def select(self, namespace: str, selector: Mapping[str, str]) -> list[Manifest]:
+        """The objects in `namespace` whose labels include `selector`."""
+        return [
+            copy.deepcopy(found)
+            for (where, _), found in self._objects.items()
+            if where == namespace
+            and selector.items() <= ((found.get("metadata") or {}).get("labels") or {}).items()
+        ]
 
     def kept(self) -> list[Key]:
         return list(self._objects)
@@ -134,6 +140,10 @@ class Informer:
                 pause = BACKOFF_S[min(failures, len(BACKOFF_S)) - 1]
                 log.debug(f"watch of {self._path}: {error}; again in {pause}s")
                 await asyncio.sleep(pause)
+            except Exception:  # a bug or an answer past belief must not stop the cache for good
+                failures, version = failures + 1, ""
+                log.exception(f"watch of {self._path} failed; listing again")
+                await asyncio.sleep(BACKOFF_S[min(failures, len(BACKOFF_S)) - 1])
 
     async def _list(self) -> str:
         """Replace the objects by a fresh list; its resourceVersion, or "" when refused."""

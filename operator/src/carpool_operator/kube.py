@@ -76,6 +76,8 @@ REPORTING_COMPONENT = "carpool-operator"
 # No Kubernetes object comes near this (etcd refuses requests over 1.5 MiB by default): a watch
 # line longer than this is not one, and ends the watch.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
+# Requests in flight at once (aiohttp's default); the watches have their own connections.
+REQUEST_CONNECTIONS = 100
 
 
 class ApiError(Exception):
@@ -129,6 +131,7 @@ class KubeClient:
     def __init__(self, on_write: Callable[[str], None] | None = None) -> None:
         self._info: kopf.ConnectionInfo | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._watching: aiohttp.ClientSession | None = None
         self._on_write = on_write
         self.store: Store | None = None
 
@@ -136,23 +139,36 @@ class KubeClient:
         self._info = info
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watching):
+            if session is not None:
+                await session.close()
+        self._session = self._watching = None
+
+    def _new_session(self, info: kopf.ConnectionInfo, limit: int) -> aiohttp.ClientSession:
+        context: ssl.SSLContext | bool = (
+            info.as_ssl_context() if info.server.startswith("https") else False
+        )
+        return aiohttp.ClientSession(
+            headers={"User-Agent": USER_AGENT},
+            connector=aiohttp.TCPConnector(ssl=context, limit=limit),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
 
     def _client(self) -> tuple[aiohttp.ClientSession, kopf.ConnectionInfo]:
         if self._info is None:
             raise ApiError(503, "NotLoggedIn", "no credentials yet")
         if self._session is None:
-            context: ssl.SSLContext | bool = (
-                self._info.as_ssl_context() if self._info.server.startswith("https") else False
-            )
-            self._session = aiohttp.ClientSession(
-                headers={"User-Agent": USER_AGENT},
-                connector=aiohttp.TCPConnector(ssl=context),
-                timeout=aiohttp.ClientTimeout(total=30),
-            )
+            self._session = self._new_session(self._info, REQUEST_CONNECTIONS)
         return self._session, self._info
+
+    def _watcher(self) -> tuple[aiohttp.ClientSession, kopf.ConnectionInfo]:
+        """The watches' own session: each holds a connection for minutes, and there are as
+        many as kinds times namespaces, so they must not take the requests' connections."""
+        if self._info is None:
+            raise ApiError(503, "NotLoggedIn", "no credentials yet")
+        if self._watching is None:
+            self._watching = self._new_session(self._info, 0)  # 0: no limit
+        return self._watching, self._info
 
     async def _request(
         self,
@@ -210,7 +226,7 @@ class KubeClient:
         The server ends it after `timeoutSeconds` (in `params`); the client waits that long
         and a minute more for a line before it gives up.
         """
-        session, info = self._client()
+        session, info = self._watcher()
         url = info.server.rstrip("/") + path
         query = {**params, "watch": "true"}
         idle = float(params.get("timeoutSeconds", 0)) + 60
