@@ -141,16 +141,18 @@ async def test_a_kind_the_operator_may_not_list_says_why_until_granted() -> None
         await watched.kube.close()
 
 
-def test_an_earlier_generation_never_replaces_a_later_one() -> None:
+def test_an_earlier_version_never_replaces_a_later_one() -> None:
     informer = Informer(
         KubeClient(), "Deployment", "default", MANAGED, lambda _: True, lambda *_: None, 1.0
     )
 
-    def deployment(generation: int, uid: str = "u1") -> Manifest:
-        metadata = {"name": "m", "namespace": "default", "uid": uid, "generation": generation}
+    def deployment(version: str, uid: str = "u1") -> Manifest:
+        metadata = {"name": "m", "namespace": "default", "uid": uid, "resourceVersion": version}
         return {"kind": "Deployment", "metadata": metadata}
 
-    assert informer.put(deployment(2))  # what an apply answered
-    assert not informer.put(deployment(1))  # a watch event from before it, late
-    assert informer.get("default", "m") == deployment(2)
-    assert informer.put(deployment(1, uid="u2"))  # deleted and made again: a new object
+    assert informer.put(deployment("12"))  # what an apply answered
+    assert not informer.put(deployment("9"))  # a watch event from before it, late
+    assert informer.get("default", "m") == deployment("12")
+    assert informer.put(deployment("13"))  # the watch catches up
+    assert informer.put(deployment("5", uid="u2"))  # deleted and made again: a new object
+    assert informer.put(deployment("opaque", uid="u2"))  # not an integer: the later arrival

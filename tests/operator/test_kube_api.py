@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support.kube_api import ServedKubeApi
 from support.kube_cluster import Cluster
-from support.kube_http import call
+from support.kube_http import call, watch
 from support.kube_rbac import binding
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
@@ -22,13 +22,6 @@ DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
 def served() -> Iterator[ServedKubeApi]:
     with ServedKubeApi() as server:
         yield server
-
-
-def watch(served: ServedKubeApi, path: str) -> list[dict[str, Any]]:
-    """A watch that the server ends after one second; its events."""
-    with urllib.request.urlopen(served.url + path, timeout=10) as response:
-        lines = response.read().decode().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def test_objects_get_identity_and_lists_get_a_version(served: ServedKubeApi) -> None:

@@ -29,3 +29,11 @@ def call(
             return response.status, json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def watch(served: ServedKubeApi, path: str) -> list[dict[str, Any]]:
+    """The events of a watch the server ends by itself (give `timeoutSeconds`, or a version
+    it no longer keeps)."""
+    with urllib.request.urlopen(served.url + path, timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]

@@ -3,8 +3,9 @@
 Every read of the reconciler comes from here (it is the KubeClient's `Store`), so a resync of
 unchanged models sends the API server nothing; writes still go to the server. What a write
 answers is kept at once, so that a reconcile right after an apply sees the applied object and
-applies nothing; a watch event older than it (the same object, an earlier generation) does not
-replace it, so a late event never makes the operator undo a spec it has just applied.
+applies nothing; a watch event older than it (the same object, an earlier resourceVersion)
+does not replace it, so a late event never makes the operator write again, nor undo a spec it
+has just applied.
 """
 
 from __future__ import annotations

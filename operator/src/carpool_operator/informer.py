@@ -46,6 +46,12 @@ def _meta(found: Manifest | None, field: str) -> Any:
     return ((found or {}).get("metadata") or {}).get(field)
 
 
+def _newer(kept: Manifest | None, found: Manifest) -> bool:
+    """Whether `kept` is a later version than `found` (when both versions are integers)."""
+    versions = str(_meta(kept, "resourceVersion")), str(_meta(found, "resourceVersion"))
+    return all(v.isdigit() for v in versions) and int(versions[0]) > int(versions[1])
+
+
 class Informer:
     """The objects of `kind` in `namespace` (every namespace if empty) that `selector` selects.
 
@@ -102,18 +108,19 @@ class Informer:
         return list(self._objects)
 
     def put(self, found: Manifest) -> bool:
-        """Keep `found`, unless a later generation of the same object is kept already.
+        """Keep `found`, unless a later version of the same object is kept already.
 
         A write's answer may arrive before the watch events that led up to it: those are older
-        and must not replace it, or a resync could roll back a spec that was just applied.
+        and must not replace it, or a reconcile could write again, or roll back a spec it has
+        just applied. Versions are compared as client-go's integer mutation cache compares
+        them: the resourceVersions of one object grow as integers (etcd's revisions); where one
+        is not an integer, the later arrival wins.
         """
         key = _key(found)
         if not self._keep(key[0]):
             return False
         kept = self._objects.get(key)
-        if _meta(kept, "uid") == _meta(found, "uid") and int(_meta(kept, "generation") or 0) > int(
-            _meta(found, "generation") or 0
-        ):
+        if _meta(kept, "uid") == _meta(found, "uid") and _newer(kept, found):
             return False
         self._objects[key] = found
         return True
