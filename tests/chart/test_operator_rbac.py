@@ -10,7 +10,6 @@ go, deleted. Each logged request is mapped to the RBAC (group, resource, verb) i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,8 @@ import yaml
 from chart.chart_operator import run_chart_operator
 from chart.rendering import CHART, NAMESPACE, RELEASE, REPO, helm, one, render
 from support.kube_api import Kind, ServedKubeApi, parse_target
-from support.kube_cluster import Cluster
+from support.kube_cluster import CRD, Cluster
+from support.kube_models import condition, degraded, model
 
 MODELS = "models"
 ELSEWHERE = "elsewhere"  # not named by operator.watchNamespaces
@@ -32,12 +32,15 @@ Permission = tuple[str, str, str]  # API group, resource (with subresource), ver
 ADMISSION_ONLY: set[Permission] = {("carpool.dev", "batchedmodels/finalizers", "update")}
 
 
+# The optional children's API groups: their rules are needed only where a model uses them.
+OPTIONAL_GROUPS = {"policy", "autoscaling", "monitoring.coreos.com"}
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with ServedKubeApi() as served:
-        served.api.serve_kind(Kind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"))
-        kubeconfig = served.write_kubeconfig(tmp_path / "kubeconfig", namespace=MODELS)
-        yield Cluster(kubeconfig, MODELS, served.api)
+def cluster(served: ServedKubeApi, tmp_path: Path) -> Cluster:
+    served.api.serve_kind(Kind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"))
+    kubeconfig = served.write_kubeconfig(tmp_path / "kubeconfig", namespace=MODELS)
+    return Cluster(kubeconfig, MODELS, served.api)
 
 
 def permissions(role: dict[str, Any]) -> set[Permission]:
@@ -67,7 +70,7 @@ def granted_by_chart(sets: tuple[str, ...] = ()) -> set[Permission]:
     return granted
 
 
-def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permission]:
+def used_by_operator(cluster: Cluster) -> set[Permission]:
     assert cluster.api is not None
     used: set[Permission] = set()
     for record in cluster.api.records:
@@ -79,9 +82,8 @@ def used_by_operator(cluster: Cluster, kopf_agent: str = "kopf/") -> set[Permiss
         resource = f"{target.plural}/{target.subresource}" if target.subresource else target.plural
         verbs = {"POST": ["create"], "PATCH": ["patch"], "PUT": ["update"], "DELETE": ["delete"]}
         if record.method == "GET":
-            # The log keeps no query string: kopf lists each collection, then watches it.
-            collection = ["list", "watch"] if record.agent.startswith(kopf_agent) else ["list"]
-            needed = ["get"] if target.name else collection
+            watching = "watch=true" in record.query.split("&")
+            needed = ["get"] if target.name else ["watch"] if watching else ["list"]
         elif record.content_type.startswith("application/apply-patch"):
             # A server-side apply that creates its object is authorized as create too.
             needed = ["patch", "create"]
@@ -112,7 +114,7 @@ def test_cluster_role_is_exactly_what_the_operator_uses(
         elsewhere.apply(stranger)
         model["metadata"]["namespace"] = MODELS
         model["spec"]["monitoring"] = {"podMonitor": True}
-        # A Secret the model's env reads: the operator checks that it exists.
+        # A Secret the model's env reads: the kubelet reads it, the operator never does.
         cluster.kubectl("create", "secret", "generic", "token", "--from-literal=token=x")
         reference = {"secretKeyRef": {"name": "token", "key": "token"}}
         model["spec"]["model"]["env"] = [{"name": "TOKEN", "valueFrom": reference}]
@@ -156,3 +158,46 @@ def test_cluster_role_is_exactly_what_the_operator_uses(
 
 def _repaired(child: dict[str, Any]) -> bool:
     return bool(child["metadata"]["labels"][COMPONENT] == "model")
+
+
+def test_rules_for_optional_kinds_no_model_uses_may_be_left_out(
+    served: ServedKubeApi, cluster: Cluster, tmp_path: Path
+) -> None:
+    """An admin writes the RBAC (`rbac.create=false`) without PDBs, HPAs and PodMonitors.
+
+    The operator runs as the chart's ServiceAccount, authorized by that RBAC alone: a model
+    that needs none of the three runs and gets its status; one that needs a PDB is Degraded
+    with reason Forbidden, the API server's message naming the resource and the verb, until
+    the admin grants the rule.
+    """
+    manifests = render(sets=("rbac.create=false",))
+    assert not [doc for doc in manifests if doc["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    written = render()
+    role, binding = one(written, "ClusterRole"), one(written, "ClusterRoleBinding")
+    full = role["rules"]
+    role["rules"] = [rule for rule in full if not OPTIONAL_GROUPS & set(rule["apiGroups"])]
+    cluster.kubectl("apply", "-f", str(CRD))
+    for document in (role, binding):
+        cluster.apply(document)
+    (account,) = binding["subjects"]
+    token = served.api.service_account_token(account["namespace"], account["name"])
+    kubeconfig = served.write_kubeconfig(tmp_path / "operator", namespace=MODELS, token=token)
+    operator = Cluster(kubeconfig, MODELS, served.api)
+
+    with run_chart_operator(manifests, operator, tmp_path / "operator.log"):
+        cluster.apply(model("plain"))
+        cluster.apply(model("spread", replicas=2))  # two replicas: a PodDisruptionBudget
+        found = degraded(cluster, "spread", "Forbidden")
+        message = condition(found, "Degraded")["message"]
+        assert 'cannot list resource "poddisruptionbudgets" in API group "policy"' in message
+        cluster.wait_for_object(
+            "bm", "plain", lambda found: condition(found, "Degraded").get("status") == "False"
+        )
+        assert cluster.get("deployment", "plain") is not None
+
+        role["rules"] = full
+        cluster.apply(role)
+        cluster.wait_for_object("pdb", "spread")
+        cluster.wait_for_object(
+            "bm", "spread", lambda found: condition(found, "Degraded").get("status") == "False"
+        )

@@ -35,7 +35,7 @@ def cluster(
     if request.param == "emulator":
         with ServedKubeApi() as served:
             kubeconfig = served.write_kubeconfig(folder / "kubeconfig")
-            test_cluster = Cluster(kubeconfig, "default", served.api)
+            test_cluster = Cluster(kubeconfig, "default", served.api, operator_metrics_port)
             test_cluster.kubectl("apply", "-f", str(CRD))
             log = folder / "operator.log"
             with run_operator(kubeconfig, "default", log, metrics_port=operator_metrics_port):
@@ -45,7 +45,7 @@ def cluster(
     if not configured:
         pytest.skip("set CARPOOL_E2E_KUBECONFIG to run against a real cluster")
     namespace = f"carpool-e2e-{uuid.uuid4().hex[:6]}"
-    test_cluster = Cluster(Path(configured), namespace)
+    test_cluster = Cluster(Path(configured), namespace, None, operator_metrics_port)
     test_cluster.kubectl("apply", "-f", str(CRD))
     test_cluster.kubectl(
         "wait", "--for=condition=Established", "crd/batchedmodels.carpool.dev", "--timeout=60s"

@@ -8,16 +8,15 @@ Deployment's status the test writes it, as the Deployment controller would.
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from support.kube_api import Kind
 from support.kube_cluster import OPERATOR_AGENT, Cluster
 from support.kube_models import applied, condition, degraded, model, wait_resyncs
+from support.operator_metrics import Sample, scrape
 
 from carpool_operator.defaults import DEFAULT_SIDECAR_IMAGE
 
@@ -129,7 +128,7 @@ def test_status_mirrors_the_deployment(cluster: Cluster) -> None:
     assert {"ChildCreated", "ReplicasReady"} <= reasons
 
     # A resync must not touch lastTransitionTime while nothing flips.
-    wait_resyncs(cluster, "e2e-status")
+    wait_resyncs(cluster)
     again = cluster.get("bm", "e2e-status")
     assert again is not None
     assert condition(again, "Ready") == condition(ready, "Ready")
@@ -149,7 +148,7 @@ def test_batching_edit_changes_config_not_pods(cluster: Cluster) -> None:
         return bool(settings["maxBatchSize"] == 64 and settings["dispatch"] == "fixed")
 
     cluster.wait_for_object("configmap", "e2e-batching-batching", reconfigured)
-    wait_resyncs(cluster, "e2e-batching")
+    wait_resyncs(cluster)
     after = cluster.get("deployment", "e2e-batching")
     assert after is not None
     assert after["spec"]["template"] == before["spec"]["template"]
@@ -188,7 +187,7 @@ def test_batch_size_is_clamped_to_the_model_limit(cluster: Cluster) -> None:
     cluster.wait_for(
         "the clamp warning", lambda: bool(events(cluster, "e2e-clamp", "BatchSizeClamped"))
     )
-    wait_resyncs(cluster, "e2e-clamp", count=3)
+    wait_resyncs(cluster, count=3)
     (warning,) = events(cluster, "e2e-clamp", "BatchSizeClamped")
     assert warning["type"] == "Warning"
     assert "128" in warning["message"] and "64" in warning["message"]
@@ -207,7 +206,7 @@ def test_batch_size_is_clamped_to_the_model_limit(cluster: Cluster) -> None:
     cluster.wait_for_object(
         "bm", "e2e-clamp", lambda found: found["status"]["batching"]["maxBatchSize"] == 128
     )
-    wait_resyncs(cluster, "e2e-clamp")
+    wait_resyncs(cluster)
     assert len(events(cluster, "e2e-clamp", "BatchSizeClamped")) == 1
 
     # Asking for more than the new limit warns again, once.
@@ -221,7 +220,7 @@ def test_batch_size_is_clamped_to_the_model_limit(cluster: Cluster) -> None:
     )
     reported = cluster.get("bm", "e2e-clamp")
     assert reported is not None and reported["status"]["batching"]["maxBatchSize"] == 256
-    wait_resyncs(cluster, "e2e-clamp", count=3)
+    wait_resyncs(cluster, count=3)
     assert len(events(cluster, "e2e-clamp", "BatchSizeClamped")) == 2
 
 
@@ -412,7 +411,7 @@ def test_unrealisable_spec_is_degraded_without_retry_storm(cluster: Cluster) -> 
     assert cluster.get("deployment", "e2e-degraded") is None
 
     version = degraded["metadata"]["resourceVersion"]
-    wait_resyncs(cluster, "e2e-degraded", count=3)
+    wait_resyncs(cluster, count=3)
     still = cluster.get("bm", "e2e-degraded")
     assert still is not None and still["metadata"]["resourceVersion"] == version
 
@@ -433,7 +432,7 @@ def test_resync_of_unchanged_model_writes_nothing(cluster: Cluster) -> None:
     children += [("configmap", "e2e-quiet-batching"), ("bm", "e2e-quiet")]
     for kind, name in children:
         cluster.wait_for_object(kind, name)
-    wait_resyncs(cluster, "e2e-quiet", count=1)  # settle: the status is written once
+    wait_resyncs(cluster, count=1)  # settle: the status is written once
 
     def versions() -> dict[str, str]:
         found = {kind: cluster.get(kind, name) for kind, name in children}
@@ -441,7 +440,7 @@ def test_resync_of_unchanged_model_writes_nothing(cluster: Cluster) -> None:
 
     before = versions()
     writes = cluster.api.write_count() if cluster.api is not None else 0
-    wait_resyncs(cluster, "e2e-quiet", count=3)
+    wait_resyncs(cluster, count=3)
     assert versions() == before
     if cluster.api is not None:
         # Counted at the API server: no request at all that could write, from anyone.
@@ -483,7 +482,7 @@ def test_autoscaled_model_leaves_replicas_to_the_hpa(cluster: Cluster) -> None:
     # Where the HPA scaled to, the operator leaves it.
     scaled = json.dumps({"spec": {"replicas": 5}})
     cluster.kubectl("patch", "deployment", "e2e-scaled", "--type=merge", "-p", scaled)
-    wait_resyncs(cluster, "e2e-scaled")
+    wait_resyncs(cluster)
     deployment = cluster.get("deployment", "e2e-scaled")
     assert deployment is not None and deployment["spec"]["replicas"] == 5
 
@@ -502,27 +501,13 @@ def test_podmonitor_only_where_the_api_exists(cluster: Cluster) -> None:
     if cluster.api is None:
         pytest.skip("whether a real cluster serves monitoring.coreos.com is not ours to change")
     applied(cluster, model("e2e-monitored", monitoring={"podMonitor": True}))
-    wait_resyncs(cluster, "e2e-monitored")
+    wait_resyncs(cluster)
     assert not cluster.kubectl("api-resources", check=False).stdout.count("podmonitors")
 
     cluster.api.serve_kind(Kind("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor"))
     monitor = cluster.wait_for_object("podmonitors.monitoring.coreos.com", "e2e-monitored")
     ports = [endpoint["port"] for endpoint in monitor["spec"]["podMetricsEndpoints"]]
     assert ports == ["http", "metrics"]
-
-
-Sample = tuple[str, tuple[tuple[str, str], ...]]  # a metric sample's name and sorted labels
-
-
-def scrape(port: int) -> dict[Sample, float]:
-    """The operator's /metrics, by sample name and labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def models_seen(port: int) -> float:

@@ -99,7 +99,7 @@ def test_fields_of_other_managers_are_left_alone(cluster: Cluster) -> None:
     proxy = {"name": "mesh-proxy", "image": "registry.example.com/mesh/proxy:1.0"}
     edit = {"spec": {"template": {"spec": {"containers": [proxy]}}}}
     cluster.kubectl("patch", "deployment", "e2e-shared", "-p", json.dumps(edit))
-    wait_resyncs(cluster, "e2e-shared", count=3)
+    wait_resyncs(cluster, count=3)
     found = cluster.get("deployment", "e2e-shared")
     assert found is not None
     names = [container["name"] for container in pod_spec(found)["containers"]]
@@ -116,9 +116,9 @@ def test_fields_of_other_managers_are_left_alone(cluster: Cluster) -> None:
     cluster.wait_for_object("deployment", "e2e-shared", repaired)
     if cluster.api is not None:
         # Repaired once, then quiet: the proxy is no drift.
-        wait_resyncs(cluster, "e2e-shared", count=1)
+        wait_resyncs(cluster, count=1)
         writes = cluster.api.write_count(agent=OPERATOR_AGENT)
-        wait_resyncs(cluster, "e2e-shared", count=3)
+        wait_resyncs(cluster, count=3)
         assert cluster.api.write_count(agent=OPERATOR_AGENT) == writes
 
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from support.kube_api import ServedKubeApi
 from support.kube_cluster import Cluster
-from support.kube_http import call
+from support.kube_http import call, watch
+from support.kube_rbac import binding
 
 CONFIGMAPS = "/api/v1/namespaces/default/configmaps"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/default/deployments"
@@ -23,13 +24,6 @@ MERGE = "application/merge-patch+json"
 def served() -> Iterator[ServedKubeApi]:
     with ServedKubeApi() as server:
         yield server
-
-
-def watch(served: ServedKubeApi, path: str) -> list[dict[str, Any]]:
-    """A watch that the server ends after one second; its events."""
-    with urllib.request.urlopen(served.url + path, timeout=10) as response:
-        lines = response.read().decode().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def test_objects_get_identity_and_lists_get_a_version(served: ServedKubeApi) -> None:
@@ -412,3 +406,94 @@ def test_quantities_are_stored_as_the_api_server_writes_them(
     _, created = call(served, "POST", DEPLOYMENTS, body)
     container = created["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["requests"] == {"cpu": stored, "memory": stored}
+
+
+def test_a_watch_from_a_compacted_version_is_told_to_list_again() -> None:
+    with ServedKubeApi() as fresh:
+        _, listing = call(fresh, "GET", CONFIGMAPS)
+        before = listing["metadata"]["resourceVersion"]
+        call(fresh, "POST", CONFIGMAPS, {"metadata": {"name": "missed"}})
+        fresh.api.compact()
+        (event,) = watch(fresh, f"{CONFIGMAPS}?watch=true&resourceVersion={before}")
+        assert event["type"] == "ERROR"
+        assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+        assert f"too old resource version: {before}" in event["object"]["message"]
+
+        _, listing = call(fresh, "GET", CONFIGMAPS)
+        assert [item["metadata"]["name"] for item in listing["items"]] == ["missed"]
+        since = listing["metadata"]["resourceVersion"]
+        call(fresh, "DELETE", f"{CONFIGMAPS}/missed")
+        events = watch(fresh, f"{CONFIGMAPS}?watch=true&resourceVersion={since}&timeoutSeconds=1")
+        assert [event["type"] for event in events] == ["DELETED"]
+
+
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
+
+
+def test_rbac_grants_a_service_account_what_its_bindings_say() -> None:
+    with ServedKubeApi() as fresh:
+        token = fresh.api.service_account_token("ops", "robot")
+        status, denied = call(fresh, "GET", CONFIGMAPS, token=token)
+        assert (status, denied["reason"]) == (403, "Forbidden")
+        assert denied["message"] == (
+            'configmaps is forbidden: User "system:serviceaccount:ops:robot" cannot list '
+            'resource "configmaps" in API group "" in the namespace "default"'
+        )
+        assert call(fresh, "GET", "/apis", token=token)[0] == 200  # discovery is open
+
+        role = {
+            "metadata": {"name": "reader"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "verbs": ["get"],
+                    "resourceNames": ["named"],
+                },
+            ],
+        }
+        call(fresh, "POST", f"{RBAC}/namespaces/default/roles", role)
+        bound = binding("Role", "reader", "ops", "robot")
+        call(fresh, "POST", f"{RBAC}/namespaces/default/rolebindings", bound)
+        secrets = "/api/v1/namespaces/default/secrets"
+        answers = {
+            "list here": call(fresh, "GET", CONFIGMAPS, token=token)[0],
+            "list elsewhere": call(fresh, "GET", "/api/v1/namespaces/ops/configmaps", token=token)[
+                0
+            ],
+            "watch": call(fresh, "GET", f"{CONFIGMAPS}?watch=true", token=token)[0],
+            "named secret": call(fresh, "GET", f"{secrets}/named", token=token)[0],
+            "other secret": call(fresh, "GET", f"{secrets}/other", token=token)[0],
+            "all secrets": call(fresh, "GET", secrets, token=token)[0],
+        }
+        assert answers == {
+            "list here": 200,
+            "list elsewhere": 403,
+            "watch": 403,
+            "named secret": 404,  # allowed, and not there
+            "other secret": 403,
+            "all secrets": 403,
+        }
+
+
+def test_an_apply_that_creates_needs_create_too() -> None:
+    with ServedKubeApi() as fresh:
+        token = fresh.api.service_account_token("ops", "robot")
+        role = {
+            "metadata": {"name": "patcher"},
+            "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["patch"]}],
+        }
+        call(fresh, "POST", f"{RBAC}/clusterroles", role)
+        bound = binding("ClusterRole", "patcher", "ops", "robot")
+        call(fresh, "POST", f"{RBAC}/clusterrolebindings", bound)
+        path = f"{DEPLOYMENTS}/applied?fieldManager=robot"
+        manifest = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "applied"}}
+        apply = "application/apply-patch+yaml"
+        status, denied = call(fresh, "PATCH", path, manifest, apply, token=token)
+        assert (status, denied["reason"]) == (403, "Forbidden")
+        assert "cannot create resource" in denied["message"]
+
+        role["rules"][0]["verbs"] = ["patch", "create"]
+        call(fresh, "PUT", f"{RBAC}/clusterroles/patcher", role)
+        assert call(fresh, "PATCH", path, manifest, apply, token=token)[0] == 201

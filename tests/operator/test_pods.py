@@ -58,3 +58,20 @@ def test_the_most_telling_problem_wins() -> None:
         ]
     ) or ("", "")
     assert reason == "CrashLoopBackOff"
+
+
+def test_a_missing_secret_is_named_from_the_kubelets_report() -> None:
+    missing = container(
+        waiting={"reason": "CreateContainerConfigError", "message": 'secret "token" not found'}
+    )
+    assert pod_problem([pod(missing)]) == (
+        "SecretNotFound",
+        'pod m-1, model-server: secret "token" not found',
+    )
+    # A missing key of a Secret that exists is another configuration error.
+    message = "couldn't find key token in Secret default/token"
+    no_key = container(waiting={"reason": "CreateContainerConfigError", "message": message})
+    assert pod_problem([pod(no_key)]) == (
+        "CreateContainerConfigError",
+        f"pod m-1, model-server: {message}",
+    )

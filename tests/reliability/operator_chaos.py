@@ -20,7 +20,8 @@ from typing import Any
 
 from support.fault_api import Chaos, FaultyServedKubeApi
 from support.kube_api import WRITE_METHODS
-from support.kube_cluster import CRD, OPERATOR_AGENT, Cluster, run_operator
+from support.kube_cluster import CRD, OPERATOR_AGENT, Cluster, free_port, run_operator
+from support.kube_models import wait_resyncs
 
 from carpool_operator.diff import contains
 from carpool_operator.render import render
@@ -151,15 +152,6 @@ def fake_rollouts(cluster: Cluster, names: list[str]) -> None:
         )  # fmt: skip
 
 
-def _resyncs(cluster: Cluster, served: FaultyServedKubeApi, name: str, count: int) -> None:
-    path = f"/apis/carpool.dev/v1alpha1/namespaces/{cluster.namespace}/batchedmodels/{name}"
-    start = served.api.request_count("GET", path, agent=OPERATOR_AGENT)
-    cluster.wait_for(
-        f"{count} resyncs of {name}",
-        lambda: served.api.request_count("GET", path, agent=OPERATOR_AGENT) >= start + count + 1,
-    )
-
-
 def _settle(served: FaultyServedKubeApi, quiet_s: float, deadline: float) -> bool:
     """Wait until no write has arrived for `quiet_s` seconds; False at the deadline."""
     writes, since = served.api.write_count(), time.monotonic()
@@ -178,9 +170,11 @@ def run(folder: Path, plan: Plan) -> Report:
     names = [f"chaos-{index}" for index in range(plan.models)]
     with FaultyServedKubeApi(seed=plan.seed) as served:
         kubeconfig = served.write_kubeconfig(folder / "kubeconfig")
-        cluster = Cluster(kubeconfig, "default", served.api)
+        cluster = Cluster(kubeconfig, "default", served.api, free_port())
         cluster.kubectl("apply", "-f", str(CRD))
-        with run_operator(kubeconfig, "default", folder / "operator.log") as operator:
+        log = folder / "operator.log"
+        port = cluster.operator_metrics_port
+        with run_operator(kubeconfig, "default", log, metrics_port=port) as operator:
             writes_before = served.api.write_count(agent=OPERATOR_AGENT)
             served.api.chaos = Chaos(rate=plan.fault_rate, agents=OPERATOR_AGENTS)
             _disturb(cluster, served, names, plan)
@@ -211,7 +205,7 @@ def run(folder: Path, plan: Plan) -> Report:
                 report.problems = [f"writes never stopped for {plan.settle_s}s"]
                 return report
             start = len(served.api.records)
-            _resyncs(cluster, served, names[0], plan.quiet_resyncs)
+            wait_resyncs(cluster, plan.quiet_resyncs)
             report.quiet_writes = [
                 f"{r.method} {r.path} ({r.agent})"
                 for r in served.api.records[start:]

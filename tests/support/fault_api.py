@@ -15,6 +15,8 @@ client hears 500 anyway, so it must cope with "it failed" when it did not. The f
 writes get `Chaos.opening` (by default a 409, a lost reply and a 503), so that a short run
 sees every kind of fault.
 Watch requests are never failed (kopf retries them on its own schedule); they are dropped.
+With `watch_lag_s`, every watch hears of each write that long after it was answered, as from an
+API server whose watch cache lags behind etcd (lists and writes' answers are current).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import copy
+import functools
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from typing import Any
 import attrs
 import kmock
 
-from support.kube_api import WRITE_METHODS, ApiFailure, Kind, KubeApiServer, ServedKubeApi
+from support.kube_api import WRITE_METHODS, ApiFailure, Json, Kind, KubeApiServer, ServedKubeApi
 
 REASONS = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 MESSAGES = {
@@ -61,11 +65,13 @@ class FaultyKubeApi(KubeApiServer):
 
     seed: int = 0
     chaos: Chaos | None = None
+    watch_lag_s: float = 0.0
     injected: collections.Counter[tuple[str, int]] = attrs.field(
         init=False, factory=collections.Counter
     )
     lost_replies: int = attrs.field(init=False, default=0)
     dropped_watches: int = attrs.field(init=False, default=0)
+    _written: int = attrs.field(init=False, default=0)  # the latest revision stored
     _random: random.Random = attrs.field(init=False)
     _opened: int = attrs.field(init=False, default=0)  # opening faults dealt so far
     _cut: asyncio.Event | None = attrs.field(init=False, default=None)
@@ -111,6 +117,19 @@ class FaultyKubeApi(KubeApiServer):
             self.lost_replies += 1
             raise ApiFailure(code, REASONS.get(code, "InternalError"), MESSAGES.get(code, ""))
         return answer
+
+    def _emit(self, kind: Kind, event_type: str, obj: Json) -> None:
+        self._written = max(self._written, int(obj["metadata"]["resourceVersion"]))
+        if self.watch_lag_s <= 0:
+            super()._emit(kind, event_type, obj)
+            return
+        # Every event waits as long, so they stay in order.
+        emit = functools.partial(KubeApiServer._emit, self, kind, event_type, copy.deepcopy(obj))
+        asyncio.get_running_loop().call_later(self.watch_lag_s, emit)
+
+    def _current_revision(self) -> int:
+        # A list is read from storage, not from the lagging watch cache: it is current.
+        return max(super()._current_revision(), self._written)
 
     def _watch(
         self, kind: Kind, namespace: str, params: dict[str, str], name: str

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import datetime
 import itertools
 import json
@@ -32,6 +33,7 @@ from aiohttp import web
 from carpool_operator.schema import Cause, apply_defaults, prune, validate
 from support import kube_apply, kube_scale, kube_typed
 from support import kube_protobuf as protobuf
+from support import kube_rbac as rbac
 from support.crd_validation import validate_crd
 from support.kube_defaults import apply_builtin_defaults
 from support.kube_patch import PatchError, json_patch, merge_patch, strategic_merge_patch
@@ -303,7 +305,12 @@ class KubeApiServer(kmock.KubernetesEmulator):
     protobuf request bodies of Secrets and ConfigMaps (helm's release storage; see
     kube_protobuf).
 
-    Still unlike a real API server: no authentication, authorization, admission webhooks,
+    Authentication and authorization for ServiceAccounts a test gives a token
+    (`service_account_token`): their requests are authorized by the stored Roles,
+    ClusterRoles and bindings as the RBAC authorizer does (see kube_rbac) and refused with the
+    API server's 403; any other token may do anything.
+
+    Still unlike a real API server: no other authentication, no admission webhooks,
     quotas or namespace lifecycle (objects may land in namespaces that do not exist); no
     controllers (Deployments never get pods or status unless a test writes it); built-in kinds
     are stored as sent, without schema validation or pruning (apply's typed conversion
@@ -313,8 +320,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
     client-side strategic merge falls back to its compiled-in types; no other protobuf, no
     aggregated discovery (clients fall back to the legacy documents), no deletecollection,
     `/scale` only for Deployments (see kube_scale; get, update and merge patch), no watch
-    bookmarks, no 410 Gone (the whole history is kept); Tables of built-in kinds show only Name
-    and Age; a metadata-only GET (`as=PartialObjectMetadata`) gets the whole object.
+    bookmarks, no 410 Gone until a test calls `compact` (the whole history is kept); Tables of
+    built-in kinds show only Name and Age; a metadata-only GET (`as=PartialObjectMetadata`) gets
+    the whole object.
     """
 
     kinds: dict[KindKey, Kind] = attrs.field(init=False, factory=dict)
@@ -324,6 +332,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     _history: list[tuple[int, KindKey, Json]] = attrs.field(init=False, factory=list)
     _watchers: list[Watcher] = attrs.field(init=False, factory=list)
     _failures: list[Failure] = attrs.field(init=False, factory=list)
+    _users: dict[str, str] = attrs.field(init=False, factory=dict)  # bearer token: user
+    _compacted: int = attrs.field(init=False, default=0)  # history up to here is forgotten
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -348,6 +358,21 @@ class KubeApiServer(kmock.KubernetesEmulator):
     def fail(self, method: str, path: str, *, code: int = 500, times: int = 1) -> None:
         """Answer the next `times` requests of `method` to exactly `path` with `code`."""
         self._failures.append(Failure(method, path, code, times))
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token for a ServiceAccount, whose requests RBAC then authorizes.
+
+        Requests with any other token are the test's own and are allowed everything.
+        """
+        token = f"{namespace}-{name}-{uuid.uuid4().hex}"
+        self._users[token] = f"{rbac.SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"
+        return token
+
+    def compact(self) -> None:
+        """Forget the event history, as etcd's compaction does: a watch from an older version
+        is told 410 Expired and must list again."""
+        self._compacted = self._current_revision()
+        self._history.clear()
 
     def serve_kind(self, kind: Kind) -> None:
         """Declare an API the cluster serves, e.g. monitoring.coreos.com's PodMonitor."""
@@ -393,6 +418,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
             )
         )
         try:
+            self._authorize(request, method, headers)
             self._injected_failure(method, request.url.path)
             status, payload = self._route(request, method, headers)
         except ApiFailure as failure:
@@ -403,6 +429,46 @@ class KubeApiServer(kmock.KubernetesEmulator):
             )
             status, payload = failure.code, failure.status()
         return await kmock.Response(status=status, payload=payload)(request)
+
+    def _authorize(self, request: kmock.Request, method: str, headers: dict[str, str]) -> None:
+        """RBAC, for the users `service_account_token` made; the test itself may do anything."""
+        token = headers.get("authorization", "").removeprefix("Bearer ").strip()
+        user = self._users.get(token)
+        target = parse_target(request.url.path.rstrip("/"))
+        if user is None or target is None or not target.plural:
+            return  # discovery and /version are open to every authenticated user
+        params = dict(request.params)
+        attributes = rbac.Attributes(
+            user,
+            rbac.verb(method, bool(target.name), params),
+            target.group,
+            target.plural,
+            target.subresource,
+            target.namespace,
+            target.name or rbac.listed_name(params),
+        )
+        checks = [attributes]
+        kind = self.kinds.get((target.group, target.version, target.plural))
+        applying = headers.get("content-type", "").startswith("application/apply-patch")
+        if applying and kind is not None:
+            key: ObjectKey = (kind.key, target.namespace if kind.namespaced else "", target.name)
+            if key not in self.store:  # an apply that creates is authorized as create too
+                checks.append(dataclasses.replace(attributes, verb="create"))
+        group = "rbac.authorization.k8s.io"
+        roles = {
+            (namespace, name): obj
+            for (kind_key, namespace, name), obj in self.store.items()
+            if kind_key in ((group, "v1", "roles"), (group, "v1", "clusterroles"))
+        }
+        bindings = [
+            obj
+            for (kind_key, _, _), obj in self.store.items()
+            if kind_key in ((group, "v1", "rolebindings"), (group, "v1", "clusterrolebindings"))
+        ]
+        for check in checks:
+            if not rbac.allowed(check, roles, bindings):
+                details = {"name": check.name, "group": check.group, "kind": check.resource}
+                raise ApiFailure(403, "Forbidden", rbac.forbidden_message(check), details)
 
     def _injected_failure(self, method: str, path: str) -> None:
         for failure in self._failures:
@@ -671,13 +737,15 @@ class KubeApiServer(kmock.KubernetesEmulator):
         }
 
     def _current_revision(self) -> int:
-        return self._history[-1][0] if self._history else 1
+        return self._history[-1][0] if self._history else max(self._compacted, 1)
 
     def _watch(
         self, kind: Kind, namespace: str, params: dict[str, str], name: str
     ) -> AsyncIterator[Any]:
         matches = self._matcher(namespace, params, name)
         since = params.get("resourceVersion", "")
+        if since and since != "0" and int(since) < self._compacted:
+            return self._expired(since)
         if since and since != "0":
             backlog = [
                 copy.deepcopy(event)
@@ -707,6 +775,13 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 self._watchers.remove(watcher)
 
         return stream()
+
+    async def _expired(self, since: str) -> AsyncIterator[Any]:
+        """A watch from a forgotten version: 200, then one ERROR event, as the API server says
+        it (410 Expired); the client must list again."""
+        yield b""
+        message = f"too old resource version: {since} ({self._current_revision()})"
+        yield {"type": "ERROR", "object": ApiFailure(410, "Expired", message).status()}
 
     # ---- writing ----------------------------------------------------------------------------
 
@@ -1130,12 +1205,15 @@ class ServedKubeApi:
             self._ready.set()
             await self._stop.wait()
 
-    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+    def write_kubeconfig(
+        self, path: Path, namespace: str = "default", token: str = "carpool-test"
+    ) -> Path:
+        """A kubeconfig for this server; `token` from `service_account_token` is RBAC-bound."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "carpool-test", "cluster": {"server": self.url}}],
-            "users": [{"name": "carpool-test", "user": {"token": "carpool-test"}}],
+            "users": [{"name": "carpool-test", "user": {"token": token}}],
             "contexts": [
                 {
                     "name": "carpool-test",

@@ -34,6 +34,7 @@ class Cluster:
     kubeconfig: Path
     namespace: str
     api: KubeApiServer | None = None  # the test API server, None on a real cluster
+    operator_metrics_port: int = 0  # where the operator under test serves /metrics
 
     def kubectl(
         self, *args: str, check: bool = True, stdin: str | None = None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from support.kube_cluster import OPERATOR_AGENT, Cluster
+from support.kube_cluster import Cluster
+from support.operator_metrics import resyncs
 
 
 def model(name: str, **spec: Any) -> dict[str, Any]:
@@ -48,15 +48,9 @@ def degraded(cluster: Cluster, name: str, reason: str, timeout: float = 60.0) ->
     return cluster.wait_for(f"{name} Degraded with {reason}", probe, timeout=timeout)
 
 
-def wait_resyncs(cluster: Cluster, name: str, count: int = 2) -> None:
-    """Let the periodic resync run `count` times (the operator resyncs every second here)."""
-    if cluster.api is None:
-        time.sleep(count + 2)
-        return
-    api = cluster.api
-    path = f"/apis/carpool.dev/v1alpha1/namespaces/{cluster.namespace}/batchedmodels/{name}"
-    start = api.request_count("GET", path, agent=OPERATOR_AGENT)
-    cluster.wait_for(
-        f"{count} resyncs of {name}",
-        lambda: api.request_count("GET", path, agent=OPERATOR_AGENT) >= start + count + 1,
-    )
+def wait_resyncs(cluster: Cluster, count: int = 2) -> None:
+    """Let the operator's periodic resync pass over every model `count` more times."""
+    port = cluster.operator_metrics_port
+    start = resyncs(port)
+    # The pass under way now may have begun before the caller's change: it does not count.
+    cluster.wait_for(f"{count} resyncs", lambda: resyncs(port) >= start + count + 1)

@@ -106,10 +106,10 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
 */}}
 {{- define "carpool.operatorRules" -}}
 # Application: the BatchedModel resource itself. kopf watches it and patches metadata
-# (progress annotations under carpool.dev/); the resync lists it.
+# (progress annotations under carpool.dev/); the operator's cache lists and watches it too.
 - apiGroups: ["carpool.dev"]
   resources: ["batchedmodels"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 # Application: status.conditions and status.observedGeneration, on the status subresource.
 - apiGroups: ["carpool.dev"]
   resources: ["batchedmodels/status"]
@@ -124,38 +124,37 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Application: the children every BatchedModel has, read and server-side applied (an apply
-# that creates is authorized as create too) by the reconciler, and watched (by label, filtered
-# by the API server) so that drift is repaired at once. Never deleted by the operator: garbage
-# collection removes them with their BatchedModel.
+# Application: the children every BatchedModel has, server-side applied (an apply that
+# creates is authorized as create too) by the reconciler, and listed and watched (by label,
+# filtered by the API server) into the operator's cache, which every read comes from, so that
+# drift is repaired at once. Never deleted by the operator: garbage collection removes them
+# with their BatchedModel.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 # Application: the models' pods, listed and watched (by label) so that ImagePullBackOff,
 # CrashLoopBackOff, Unschedulable and ModelLoadFailed reach the BatchedModel's status.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]
-# Application: whether a Secret that a model's env reads exists (metadata only is asked for),
-# so that a missing one is reported as SecretNotFound rather than as stuck pods.
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
-# Application: the optional PDB and HPA, compared on each resync (not watched), deleted when
-# the spec stops asking for them.
+# No rule for Secrets: a get would let the operator read every Secret's data. A Secret a model
+# reads and that is missing is reported from its pods (the kubelet's CreateContainerConfigError).
+# Application: the optional PDB and HPA, listed and watched (by label) into the cache,
+# deleted when the spec stops asking for them. Optional: without these rules the operator runs
+# every model that does not ask for the kind, and reports Degraded (Forbidden) on one that does.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Application: a PodMonitor per BatchedModel so that Prometheus scrapes the sidecar and the
-# model server, when the spec asks and the Prometheus Operator CRDs exist. Not watched;
-# deleted when the spec stops asking for it.
+# model server, when the spec asks and the Prometheus Operator CRDs exist; listed and watched
+# like the PDB and HPA, deleted when the spec stops asking for it. Optional as they are.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 {{- end }}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from carpool_operator.kube import RESOURCES, KubeClient
+from carpool_operator.kube import KubeClient
 from carpool_operator.spec import ModelSpec
 from carpool_operator.status import Condition
 
@@ -70,5 +70,5 @@ async def dependency_conditions(kube: KubeClient, spec: ModelSpec) -> tuple[Cond
         if (autoscaling := autoscaling_condition(hpa)) is not None:
             conditions.append(autoscaling)
     if spec.pod_monitor:
-        conditions.append(monitoring_condition(await kube.serves(RESOURCES["PodMonitor"])))
+        conditions.append(monitoring_condition(await kube.serves("PodMonitor")))
     return tuple(conditions)

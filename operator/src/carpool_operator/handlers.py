@@ -1,4 +1,8 @@
-"""kopf handlers: thin wrappers that hand every trigger to `reconcile`."""
+"""kopf handlers: thin wrappers that hand every trigger to `reconcile`.
+
+kopf watches the BatchedModels; the operator's cache (cache.py) watches them too, with their
+children and pods, and asks for a reconcile of the model each change concerns.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +13,38 @@ from typing import Any
 
 import kopf
 
+from carpool_operator.cache import Cache
 from carpool_operator.defaults import Defaults
 from carpool_operator.kube import KubeClient
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.reconcile import Runtime, reconcile
-from carpool_operator.render import GROUP, KIND, MANAGED_BY, VERSION
+from carpool_operator.render import GROUP, KIND, VERSION
 from carpool_operator.resync import resync_forever
+from carpool_operator.triggers import Triggers
+from carpool_operator.types import Manifest
 
 PLURAL = "batchedmodels"
 DOMAIN = "carpool.dev"
-# Children the operator watches so that deleting or hand-editing one is repaired at once.
-WATCHED_CHILDREN = (("", "v1", "configmaps"), ("", "v1", "services"), ("apps", "v1", "deployments"))
-# The models' pods, watched so that their failures reach the status within seconds.
-PODS = ("", "v1", "pods")
-CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
-def _carpool_labelled(resource: kopf.Resource) -> bool:
-    """The kinds whose watches only carpool's objects need: the children and the pods."""
-    return (resource.group, resource.version, resource.plural) in (*WATCHED_CHILDREN, PODS)
+def models_of(kind: str, found: Manifest) -> list[tuple[str, str]]:
+    """The BatchedModels (namespace, name) that an object's change concerns.
+
+    Itself; a child's owner; a pod's model, named by its instance label.
+    """
+    metadata = found.get("metadata") or {}
+    namespace = str(metadata.get("namespace", ""))
+    if kind == KIND:
+        return [(namespace, str(metadata.get("name", "")))]
+    if kind == "Pod":
+        name = (metadata.get("labels") or {}).get(INSTANCE_LABEL)
+        return [(namespace, str(name))] if name else []
+    return [
+        (namespace, str(owner["name"]))
+        for owner in metadata.get("ownerReferences") or []
+        if owner.get("kind") == KIND and owner.get("apiVersion") == f"{GROUP}/{VERSION}"
+    ]
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -48,47 +64,63 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # stay log lines, so a quiet resync never writes an event.
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
-    # Reconnect watches now and then, so that a silently dropped connection heals.
-    # The API server filters these watches by label: a cluster-wide operator then receives
-    # carpool's ConfigMaps, Services, Deployments and pods only, not every one in the cluster.
-    selector = ",".join(f"{key}={value}" for key, value in CHILD_LABELS.items())
-    settings.watching.label_selectors[_carpool_labelled] = selector
+    # Reconnect kopf's watch of BatchedModels now and then, so that a dropped connection heals
+    # (the cache's watches do the same, see informer.py).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
     # main() parsed and checked the defaults, and owns the metrics (their server outlives kopf).
     defaults, metrics = memo["defaults"], memo["metrics"]
     assert isinstance(defaults, Defaults) and isinstance(metrics, OperatorMetrics)
-    runtime = Runtime(defaults, metrics, KubeClient(on_write=metrics.wrote))
-    memo["runtime"] = runtime
+    kube = KubeClient(on_write=metrics.wrote)
     logger = logging.getLogger("carpool_operator")
 
-    async def resync(namespace: str, name: str) -> None:
+    async def run(namespace: str, name: str) -> None:
         await reconcile(runtime, namespace, name, logger)
 
-    # Owned by the runtime: `cleanup` cancels and awaits it.
+    triggers = Triggers(run)
+
+    def changed(kind: str, found: Manifest) -> None:
+        for namespace, name in models_of(kind, found):
+            triggers.ask(namespace, name)
+
+    interval = memo["resync_seconds"]
+    # Kinds the operator may not list, or the cluster lacks, are looked for again as often.
+    cache = Cache(kube, memo["namespaces"], changed, retry_s=interval)
+    kube.store = cache
+    runtime = Runtime(defaults, metrics, kube, cache=cache, triggers=triggers)
+    memo["runtime"] = runtime
+    # Owned by the runtime: `cleanup` cancels and awaits it (the cache starts at login).
     runtime.resync = asyncio.create_task(
-        resync_forever(runtime.kube, memo["namespaces"], memo["resync_seconds"], resync)
+        resync_forever(cache.models, interval, run, metrics.resynced)
     )
 
 
-def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
-    """kopf's own minimal logins, shared with the children's client."""
+async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's own minimal logins, shared with the children's client; the cache then starts."""
     info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
         settings=settings
     )
     if info is None:
         raise kopf.LoginError("neither a service account nor a kubeconfig is available")
-    _runtime(memo).kube.login(info)
+    runtime = _runtime(memo)
+    runtime.kube.login(info)
+    if runtime.cache is not None:
+        runtime.cache.start()
     return info
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop what the runtime owns: the resync, the reconciles events asked for, the watches."""
     runtime = _runtime(memo)
     if runtime.resync is not None:
         runtime.resync.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await runtime.resync
+    if runtime.triggers is not None:
+        await runtime.triggers.close()
+    if runtime.cache is not None:
+        await runtime.cache.close()
     await runtime.kube.close()
 
 
@@ -96,37 +128,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 async def on_model(
     name: str, namespace: str | None, memo: Any, logger: kopf.Logger, retry: int, **_: Any
 ) -> None:
-    """Create, update and resume converge the same way (and so does the resync loop)."""
+    """Create, update and resume converge the same way (and so do the resync and the cache's
+    watch events: a changed child or pod, a deleted BatchedModel)."""
     await reconcile(_runtime(memo), namespace or "default", name, logger, retry)
-
-
-async def on_model_event(
-    event: kopf.RawEvent, name: str, namespace: str | None, memo: Any, **_: Any
-) -> None:
-    """A deleted BatchedModel leaves the models gauge (no reconcile runs for it any more)."""
-    if event.get("type") != "DELETED":
-        return
-    runtime, namespace = _runtime(memo), namespace or "default"
-    # After any reconcile in flight, which would count the model again.
-    async with runtime.locks[namespace, name]:
-        runtime.metrics.forget(namespace, name)
-
-
-async def on_child(
-    meta: kopf.Meta, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
-) -> None:
-    for owner in meta.get("ownerReferences", []):
-        if owner.get("kind") == KIND and owner.get("apiVersion") == f"{GROUP}/{VERSION}":
-            await reconcile(_runtime(memo), namespace or "default", owner["name"], logger)
-
-
-async def on_pod(
-    labels: kopf.Labels, namespace: str | None, memo: Any, logger: kopf.Logger, **_: Any
-) -> None:
-    """A pod of a model changed: its failures (or recovery) go to the model's status."""
-    name = labels.get(INSTANCE_LABEL)
-    if name:
-        await reconcile(_runtime(memo), namespace or "default", name, logger)
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
@@ -136,8 +140,3 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="create")(on_model)
     kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="update")(on_model)
     kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="resume")(on_model)
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="forget")(on_model_event)
-    for group, version, plural in WATCHED_CHILDREN:
-        kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_child)
-    group, version, plural = PODS
-    kopf.on.event(group, version, plural, registry=registry, labels=CHILD_LABELS)(on_pod)

@@ -1,20 +1,21 @@
 """A small Kubernetes REST client for the children the operator owns.
 
-kopf watches and patches BatchedModels itself; this client applies (server-side), reads and
-deletes the children with the same credentials kopf logged in with (see `handlers.login`).
-docs/operator.md says why this is not the `kubernetes` package's client.
+kopf watches and patches BatchedModels itself; this client applies (server-side) and deletes
+the children, lists and watches what the operator caches, with the same credentials kopf
+logged in with (see `handlers.login`). Its reads come from that cache (`Store`, see cache.py),
+never from a request of their own. docs/operator.md says why this is not the `kubernetes`
+package's client.
 """
 
 from __future__ import annotations
 
 import datetime
-import fnmatch
+import json
 import logging
-import re
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import kopf
@@ -38,9 +39,18 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    @property
+    def root(self) -> str:
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def collection(self, namespace: str = "") -> str:
+        """The path of the objects in `namespace`, or in every namespace."""
+        if not namespace:
+            return f"{self.root}/{self.plural}"
+        return f"{self.root}/namespaces/{namespace}/{self.plural}"
+
     def path(self, namespace: str, name: str = "", subresource: str = "") -> str:
-        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        path = self.collection(namespace)
         if name:
             path += f"/{name}"
         if subresource:
@@ -49,7 +59,6 @@ class Resource:
 
 
 log = logging.getLogger("carpool_operator.kube")
-_PLAIN_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 # Every kind the operator writes, by kind (RBAC in docs/operator.md lists the same).
 RESOURCES: dict[str, Resource] = {
@@ -61,21 +70,14 @@ RESOURCES: dict[str, Resource] = {
     "PodMonitor": Resource("monitoring.coreos.com", "v1", "podmonitors"),
     "BatchedModel": Resource("carpool.dev", "v1alpha1", "batchedmodels"),
     "Event": Resource("", "v1", "events"),
-    "Secret": Resource("", "v1", "secrets"),
     "Pod": Resource("", "v1", "pods"),
 }
-# Asks for metadata only: a Secret's data never reaches the operator.
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 REPORTING_COMPONENT = "carpool-operator"
-
-
-def _matches(namespace: str, patterns: tuple[str, ...]) -> bool:
-    """kopf's namespace patterns: globs, `!glob` to exclude (only exclusions: all else)."""
-    excluded = [p[1:] for p in patterns if p.startswith("!")]
-    included = [p for p in patterns if not p.startswith("!")] or ["*"]
-    return any(fnmatch.fnmatchcase(namespace, p) for p in included) and not any(
-        fnmatch.fnmatchcase(namespace, p) for p in excluded
-    )
+# No Kubernetes object comes near this (etcd refuses requests over 1.5 MiB by default): a watch
+# line longer than this is not one, and ends the watch.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+# Requests in flight at once (aiohttp's default); the watches have their own connections.
+REQUEST_CONNECTIONS = 100
 
 
 # The API server's answer to an apply it cannot type against the kind's schema (duplicate keys
@@ -113,38 +115,80 @@ class ApiError(Exception):
         return min(MAX_RETRY_S, first * 2.0 ** min(retry, 32))
 
 
+def _error(status: int, payload: Any) -> ApiError:
+    """The API server's meta/v1 Status as an ApiError."""
+    reason = message = ""
+    if isinstance(payload, dict):
+        reason = str(payload.get("reason", ""))
+        message = str(payload.get("message", ""))
+    return ApiError(status, reason, message)
+
+
+class Store(Protocol):
+    """Where the client's reads come from: the objects its watches keep (cache.Cache)."""
+
+    async def get(self, kind: str, namespace: str, name: str) -> Manifest | None: ...
+
+    async def select(
+        self, kind: str, namespace: str, selector: Mapping[str, str]
+    ) -> list[Manifest]: ...
+
+    async def serves(self, kind: str) -> bool: ...
+
+    def wrote(self, found: Manifest) -> None: ...
+
+    def deleted(self, kind: str, namespace: str, name: str) -> None: ...
+
+
 class KubeClient:
     """One aiohttp session against the API server; credentials arrive from kopf's login.
 
-    `on_write` hears the kind of every create, patch and delete the server accepted.
+    `on_write` hears the kind of every create, patch and delete the server accepted. `store`
+    answers the reads and hears what each write left on the server, so that a read right after
+    a write sees it.
     """
 
     def __init__(self, on_write: Callable[[str], None] | None = None) -> None:
         self._info: kopf.ConnectionInfo | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._watching: aiohttp.ClientSession | None = None
         self._on_write = on_write
+        self.store: Store | None = None
 
     def login(self, info: kopf.ConnectionInfo) -> None:
         self._info = info
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watching):
+            if session is not None:
+                await session.close()
+        self._session = self._watching = None
+
+    def _new_session(self, info: kopf.ConnectionInfo, limit: int) -> aiohttp.ClientSession:
+        context: ssl.SSLContext | bool = (
+            info.as_ssl_context() if info.server.startswith("https") else False
+        )
+        return aiohttp.ClientSession(
+            headers={"User-Agent": USER_AGENT},
+            connector=aiohttp.TCPConnector(ssl=context, limit=limit),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
 
     def _client(self) -> tuple[aiohttp.ClientSession, kopf.ConnectionInfo]:
         if self._info is None:
             raise ApiError(503, "NotLoggedIn", "no credentials yet")
         if self._session is None:
-            context: ssl.SSLContext | bool = (
-                self._info.as_ssl_context() if self._info.server.startswith("https") else False
-            )
-            self._session = aiohttp.ClientSession(
-                headers={"User-Agent": USER_AGENT},
-                connector=aiohttp.TCPConnector(ssl=context),
-                timeout=aiohttp.ClientTimeout(total=30),
-            )
+            self._session = self._new_session(self._info, REQUEST_CONNECTIONS)
         return self._session, self._info
+
+    def _watcher(self) -> tuple[aiohttp.ClientSession, kopf.ConnectionInfo]:
+        """The watches' own session: each holds a connection for minutes, and there are as
+        many as kinds times namespaces, so they must not take the requests' connections."""
+        if self._info is None:
+            raise ApiError(503, "NotLoggedIn", "no credentials yet")
+        if self._watching is None:
+            self._watching = self._new_session(self._info, 0)  # 0: no limit
+        return self._watching, self._info
 
     async def _request(
         self,
@@ -154,15 +198,12 @@ class KubeClient:
         body: Manifest | None = None,
         content_type: str = "",
         params: dict[str, str] | None = None,
-        accept: str = "",
     ) -> Any:
         session, info = self._client()
         # Credentials per request: kopf may log in again (a refreshed token) at any time.
         headers = info.as_http_headers()
         if content_type:
             headers["Content-Type"] = content_type
-        if accept:
-            headers["Accept"] = accept
         url = info.server.rstrip("/") + path
         try:
             async with session.request(
@@ -170,45 +211,69 @@ class KubeClient:
             ) as response:
                 payload = await response.json(content_type=None)
                 if response.status >= 400:
-                    reason = message = ""
-                    if isinstance(payload, dict):
-                        reason = str(payload.get("reason", ""))
-                        message = str(payload.get("message", ""))
-                    raise ApiError(response.status, reason, message)
+                    raise _error(response.status, payload)
                 return payload
         except (aiohttp.ClientError, TimeoutError) as error:
             raise ApiError(503, type(error).__name__, str(error)) from error
 
-    async def get(self, kind: str, namespace: str, name: str) -> Manifest | None:
-        try:
-            found = await self._request("GET", RESOURCES[kind].path(namespace, name))
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
-        return found if isinstance(found, dict) else None
+    def _store(self) -> Store:
+        if self.store is None:
+            raise ApiError(503, "NotWatching", "the operator's watches have not started")
+        return self.store
 
-    async def exists(self, kind: str, namespace: str, name: str) -> bool:
-        """Whether an object exists, asking for its metadata only."""
-        path = RESOURCES[kind].path(namespace, name)
-        try:
-            await self._request("GET", path, accept=METADATA_ONLY)
-        except ApiError as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
+    async def get(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        return await self._store().get(kind, namespace, name)
 
     async def select(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Manifest]:
         """The objects of a kind in a namespace whose labels match `selector`."""
-        text = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
-        path = RESOURCES[kind].path(namespace)
-        listing = await self._request("GET", path, params={"labelSelector": text})
-        return [item for item in listing.get("items", []) if isinstance(item, dict)]
+        return await self._store().select(kind, namespace, selector)
 
-    def _wrote(self, kind: str) -> None:
+    async def serves(self, kind: str) -> bool:
+        """Whether the cluster serves this kind (a PodMonitor needs the Prometheus Operator)."""
+        return await self._store().serves(kind)
+
+    async def list(self, path: str, selector: str) -> Manifest:
+        """A collection, with the resourceVersion to watch it from."""
+        params = {"labelSelector": selector} if selector else {}
+        listing = await self._request("GET", path, params=params)
+        if not isinstance(listing, dict):
+            raise ApiError(503, "BadList", f"GET {path} answered no object")
+        return listing
+
+    async def watch(self, path: str, params: dict[str, str]) -> AsyncIterator[Manifest]:
+        """The events of one watch of `path`, until the server ends it or the line drops.
+
+        The server ends it after `timeoutSeconds` (in `params`); the client waits that long
+        and a minute more for a line before it gives up.
+        """
+        session, info = self._watcher()
+        url = info.server.rstrip("/") + path
+        query = {**params, "watch": "true"}
+        idle = float(params.get("timeoutSeconds", 0)) + 60
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle)
+        try:
+            async with session.get(
+                url, headers=info.as_http_headers(), params=query, timeout=timeout
+            ) as response:
+                if response.status >= 400:
+                    raise _error(response.status, await response.json(content_type=None))
+                pending = b""
+                async for chunk in response.content.iter_any():
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    if len(pending) > MAX_EVENT_BYTES:
+                        raise ApiError(503, "EventTooLarge", f"a watch line over {len(pending)}")
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            raise ApiError(503, type(error).__name__, str(error)) from error
+
+    def _wrote(self, kind: str, found: Any = None) -> None:
         if self._on_write is not None:
             self._on_write(kind)
+        if isinstance(found, dict) and self.store is not None:
+            self.store.wrote(found)
 
     async def apply(
         self, manifest: Manifest, *, manager: str = FIELD_MANAGER, force: bool = True
@@ -224,15 +289,17 @@ class KubeClient:
         params = {"fieldManager": manager}
         if force:
             params["force"] = "true"
-        await self._request("PATCH", path, body=manifest, content_type=APPLY_PATCH, params=params)
-        self._wrote(kind)
+        found = await self._request(
+            "PATCH", path, body=manifest, content_type=APPLY_PATCH, params=params
+        )
+        self._wrote(kind, found)
 
     async def merge_patch(
         self, kind: str, namespace: str, name: str, patch: Manifest, *, subresource: str = ""
     ) -> None:
         path = RESOURCES[kind].path(namespace, name, subresource)
-        await self._request("PATCH", path, body=patch, content_type=MERGE_PATCH)
-        self._wrote(kind)
+        found = await self._request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        self._wrote(kind, found)
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
@@ -240,8 +307,10 @@ class KubeClient:
         except ApiError as error:
             if error.status != 404:
                 raise
-            return
-        self._wrote(kind)
+        else:
+            self._wrote(kind)
+        if self.store is not None:  # gone either way
+            self.store.deleted(kind, namespace, name)
 
     async def post_event(
         self, about: Manifest, reason: str, message: str, *, warning: bool
@@ -282,36 +351,3 @@ class KubeClient:
             await self._request("POST", path, body=event)
         except ApiError as error:  # events help humans; their loss must not stop a reconcile
             log.warning(f"cannot post event {reason} on {metadata['name']}: {error}")
-
-    async def list_models(self, namespaces: tuple[str, ...]) -> list[tuple[str, str]]:
-        """(namespace, name) of every BatchedModel in `namespaces`, or everywhere if none.
-
-        Plain names are listed one by one (a namespaced operator may list only those); kopf's
-        patterns (`team-*`, `!kube-*`) are matched here against a cluster-wide list.
-        """
-        resource = RESOURCES["BatchedModel"]
-        plain = all(_PLAIN_NAMESPACE.match(namespace) for namespace in namespaces)
-        if namespaces and plain:
-            paths = [resource.path(namespace) for namespace in namespaces]
-        else:
-            paths = [f"/apis/{resource.group}/{resource.version}/{resource.plural}"]
-        found: list[tuple[str, str]] = []
-        for path in paths:
-            listing = await self._request("GET", path)
-            for item in listing.get("items", []):
-                metadata = item.get("metadata", {})
-                namespace = str(metadata.get("namespace", ""))
-                if plain or _matches(namespace, namespaces):
-                    found.append((namespace, str(metadata.get("name", ""))))
-        return found
-
-    async def serves(self, resource: Resource) -> bool:
-        """Whether the cluster serves this resource's group and version (discovery)."""
-        try:
-            found = await self._request("GET", f"/apis/{resource.group}/{resource.version}")
-        except ApiError as error:
-            if error.status == 404:
-                return False
-            raise
-        names = [item.get("name") for item in found.get("resources", [])]
-        return resource.plural in names

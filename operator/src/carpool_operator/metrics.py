@@ -49,6 +49,11 @@ class OperatorMetrics:
             ["ready"],
             registry=registry,
         )
+        self._resyncs = Counter(
+            "carpool_operator_resyncs",
+            "Passes of the periodic resync over every BatchedModel, finished.",
+            registry=registry,
+        )
         self._ready: dict[tuple[str, str], bool] = {}
         for result in RESULTS:
             self._reconciles.labels(result)  # every result appears, at 0, from the start
@@ -60,6 +65,9 @@ class OperatorMetrics:
 
     def wrote(self, kind: str) -> None:
         self._writes.labels(kind).inc()
+
+    def resynced(self) -> None:
+        self._resyncs.inc()
 
     def saw(self, namespace: str, name: str, ready: bool) -> None:
         self._ready[namespace, name] = ready

@@ -5,6 +5,7 @@ Pure: the reconciler lists the pods, this names the first problem worth a Degrad
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,10 +13,13 @@ from carpool.contract.pod import LOAD_FAILED
 
 # Waiting reasons of a container that cannot get its image.
 _PULL_FAILURES = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName"}
+# The kubelet's words for a Secret that an env entry (or envFrom) reads and that is missing.
+_MISSING_SECRET = re.compile(r'\bsecrets? "[^"]+" not found')
 # Most specific first: a model that fails to load also crash-loops.
 _PRIORITY = (
     "ModelLoadFailed",
     "ImagePullBackOff",
+    "SecretNotFound",
     "CreateContainerConfigError",
     "CrashLoopBackOff",
     "Unschedulable",
@@ -36,7 +40,9 @@ def _container_problems(pod: str, status: Mapping[str, Any]) -> Iterable[tuple[s
     if reason in _PULL_FAILURES:
         yield "ImagePullBackOff", f"pod {pod}, {container}: {detail or reason}"
     elif reason == "CreateContainerConfigError":
-        yield "CreateContainerConfigError", f"pod {pod}, {container}: {detail}"
+        # The operator reads no Secret (its RBAC grants none): the kubelet says which is missing.
+        why = "SecretNotFound" if _MISSING_SECRET.search(detail) else reason
+        yield why, f"pod {pod}, {container}: {detail}"
     elif reason == "CrashLoopBackOff":
         why = f"exit code {last.get('exitCode')}" if last else detail
         yield "CrashLoopBackOff", f"pod {pod}, {container} keeps exiting ({why})"

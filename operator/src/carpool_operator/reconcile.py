@@ -14,18 +14,19 @@ import kopf
 
 from carpool_operator.adoption import adoptable
 from carpool_operator.autoscaling_status import dependency_conditions
+from carpool_operator.cache import Cache
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
 from carpool_operator.handover import hand_over_replicas
-from carpool_operator.kube import RESOURCES, ApiError, KubeClient
+from carpool_operator.kube import ApiError, KubeClient
 from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
-from carpool_operator.references import check_references
 from carpool_operator.refusals import Refusals
 from carpool_operator.render import render_spec, selector_for, service_url
 from carpool_operator.spec import ModelSpec, SpecError, parse
 from carpool_operator.status import Observation, desired_status, merge_conditions, observe
+from carpool_operator.triggers import Triggers
 from carpool_operator.types import Manifest
 
 # Kinds rendered only under some specs; an owned leftover of these is deleted.
@@ -46,7 +47,11 @@ class Runtime:
     locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
-    # The periodic resync (see resync.py), started at start-up, cancelled at cleanup.
+    # The watches' cache the reads come from (started at login) and the reconciles its events
+    # ask for; the periodic resync (see resync.py), started at start-up. Each is stopped at
+    # cleanup.
+    cache: Cache | None = None
+    triggers: Triggers | None = None
     resync: asyncio.Task[None] | None = None
     refusals: Refusals = field(default_factory=Refusals)
 
@@ -105,7 +110,12 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
     for kind in OPTIONAL_KINDS:
         if kind in kinds:
             continue
-        actual = await kube.get(kind, spec.namespace, spec.name)
+        try:
+            actual = await kube.get(kind, spec.namespace, spec.name)
+        except ApiError as error:
+            if error.status == 403:
+                continue  # RBAC for a kind no spec uses is optional (docs/operator.md)
+            raise
         if actual is not None and _owned_by(actual, spec.uid):
             await kube.delete(kind, spec.namespace, spec.name)
             message = f"deleted {kind} {spec.name}"
@@ -114,14 +124,20 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
 
 async def _children(runtime: Runtime, body: Manifest, spec: ModelSpec) -> None:
     kube = runtime.kube
-    await check_references(kube, spec)
-    podmonitor_api = spec.pod_monitor and await kube.serves(RESOURCES["PodMonitor"])
+    podmonitor_api = spec.pod_monitor and await kube.serves("PodMonitor")
     manifests = render_spec(spec, podmonitor_api=podmonitor_api)
     refuse_duplicates(manifests)
-    # Pruning first: an HPA being switched off is gone before carpool takes replicas back.
-    await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
-    for manifest in manifests:
-        await _apply(kube, runtime.refusals, body, manifest, spec)
+    try:
+        # Pruning first: an HPA being switched off is gone before carpool takes replicas back.
+        await _prune(kube, body, spec, {manifest["kind"] for manifest in manifests})
+        for manifest in manifests:
+            await _apply(kube, runtime.refusals, body, manifest, spec)
+    except ApiError as error:
+        if error.status != 403:
+            raise
+        # The spec asks for a kind the operator's RBAC leaves out: retrying will not help
+        # until an admin grants it; the API server's message names the kind and the verb.
+        raise SpecError("Forbidden", error.message) from error
 
 
 def _clamp_news(current: Mapping[str, Any], wanted: Manifest, applied: ModelSpec) -> bool:
