@@ -457,11 +457,11 @@ def test_resync_of_a_model_with_quantities_the_api_server_rewrites_writes_nothin
     deployment = cluster.wait_for_object("deployment", "e2e-tiny")
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert containers["model-server"]["resources"]["requests"]["cpu"] == "100u"
-    wait_resyncs(cluster, "e2e-tiny", count=1)  # settle: the status is written once
+    wait_resyncs(cluster, count=1)  # settle: the status is written once
 
     writes = cluster.api.write_count() if cluster.api is not None else 0
     version = deployment["metadata"]["resourceVersion"]
-    wait_resyncs(cluster, "e2e-tiny", count=3)
+    wait_resyncs(cluster, count=3)
     after = cluster.get("deployment", "e2e-tiny")
     assert after is not None and after["metadata"]["resourceVersion"] == version
     assert len(events(cluster, "e2e-tiny", "ChildUpdated")) == 0

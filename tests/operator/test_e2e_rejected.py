@@ -31,7 +31,7 @@ def quiet_after(cluster: Cluster, name: str) -> None:
     if cluster.api is None:
         return
     writes = cluster.api.write_count(agent=OPERATOR_AGENT)
-    wait_resyncs(cluster, name, count=3)
+    wait_resyncs(cluster, count=3)
     assert cluster.api.write_count(agent=OPERATOR_AGENT) == writes
 
 

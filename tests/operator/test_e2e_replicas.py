@@ -69,12 +69,12 @@ def test_turning_autoscaling_on_keeps_the_running_replicas(
 
     cluster.apply(model(name, replicas=count, autoscaling=AUTOSCALED))
     cluster.wait_for_object("hpa", name)
-    wait_resyncs(cluster, name)
+    wait_resyncs(cluster)
     assert replicas(cluster, name) == kept
     assert "carpool" not in replicas_owners(cluster, name)
 
     scale(cluster, name, 6)
-    wait_resyncs(cluster, name)
+    wait_resyncs(cluster)
     assert replicas(cluster, name) == 6
 
 
@@ -83,7 +83,7 @@ def test_an_external_scaler_sets_replicas_without_a_fight(cluster: Cluster) -> N
     running(cluster, name, 3)
 
     cluster.apply(model(name, replicas=3, autoscaling={"external": True}))
-    wait_resyncs(cluster, name)
+    wait_resyncs(cluster)
     assert replicas(cluster, name) == 3
     assert cluster.get("hpa", name) is None  # the external scaler brings its own
     cluster.wait_for_object("pdb", name)  # its count may grow at any time
@@ -91,7 +91,7 @@ def test_an_external_scaler_sets_replicas_without_a_fight(cluster: Cluster) -> N
     before = operator_requests(cluster, "deployments", name) if cluster.api is not None else []
     for wanted in (5, 2, 4):
         scale(cluster, name, wanted)
-        wait_resyncs(cluster, name)
+        wait_resyncs(cluster)
         assert replicas(cluster, name) == wanted
     if cluster.api is not None:
         # Watch events and resyncs came and went; the operator wrote nothing to the Deployment.
@@ -108,13 +108,13 @@ def test_turning_autoscaling_off_takes_replicas_back(cluster: Cluster) -> None:
     applied(cluster, model(name, replicas=3, autoscaling=AUTOSCALED))
     cluster.wait_for_object("hpa", name)
     scale(cluster, name, 6)
-    wait_resyncs(cluster, name)
+    wait_resyncs(cluster)
     assert replicas(cluster, name) == 6
 
     cluster.apply(model(name, replicas=3))
     cluster.wait_gone("hpa", name)
     wait_replicas(cluster, name, 3)
-    wait_resyncs(cluster, name)
+    wait_resyncs(cluster)
     assert replicas(cluster, name) == 3
     assert replicas_owners(cluster, name) == {"carpool"}
     if cluster.api is not None:

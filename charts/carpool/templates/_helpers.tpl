@@ -127,14 +127,15 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
 # Application: the children every BatchedModel has, server-side applied (an apply that
 # creates is authorized as create too) by the reconciler, and listed and watched (by label,
 # filtered by the API server) into the operator's cache, which every read comes from, so that
-# drift is repaired at once. Never deleted by the operator: garbage collection removes them
-# with their BatchedModel.
+# drift is repaired at once; one get before a child is created, since an object of another
+# owner under its name carries no carpool label and so is not in the cache. Never deleted by
+# the operator: garbage collection removes them with their BatchedModel.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Application: the models' pods, listed and watched (by label) so that ImagePullBackOff,
 # CrashLoopBackOff, Unschedulable and ModelLoadFailed reach the BatchedModel's status.
 - apiGroups: [""]
@@ -142,19 +143,19 @@ Role in each namespace of operator.watchNamespaces. Each rule says why it is the
   verbs: ["list", "watch"]
 # No rule for Secrets: a get would let the operator read every Secret's data. A Secret a model
 # reads and that is missing is reported from its pods (the kubelet's CreateContainerConfigError).
-# Application: the optional PDB and HPA, listed and watched (by label) into the cache,
-# deleted when the spec stops asking for them. Optional: without these rules the operator runs
+# Application: the optional PDB and HPA, listed and watched (by label) into the cache (and
+# one get before creating, as above), deleted when the spec stops asking for them. Optional: without these rules the operator runs
 # every model that does not ask for the kind, and reports Degraded (Forbidden) on one that does.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Application: a PodMonitor per BatchedModel so that Prometheus scrapes the sidecar and the
 # model server, when the spec asks and the Prometheus Operator CRDs exist; listed and watched
 # like the PDB and HPA, deleted when the spec stops asking for it. Optional as they are.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- end }}

@@ -224,6 +224,20 @@ class KubeClient:
     async def get(self, kind: str, namespace: str, name: str) -> Manifest | None:
         return await self._store().get(kind, namespace, name)
 
+    async def fetch(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        """The object as the API server has it now, past the cache; None when there is none.
+
+        The cache holds only what carries carpool's label: an object of another owner under
+        a child's name is seen only here.
+        """
+        try:
+            found = await self._request("GET", RESOURCES[kind].path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return found if isinstance(found, dict) else None
+
     async def select(self, kind: str, namespace: str, selector: dict[str, str]) -> list[Manifest]:
         """The objects of a kind in a namespace whose labels match `selector`."""
         return await self._store().select(kind, namespace, selector)

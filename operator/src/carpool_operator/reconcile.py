@@ -82,7 +82,9 @@ async def _apply(
     namespace, name = metadata["namespace"], metadata["name"]
     if (refused := refusals.of(spec.name, manifest)) is not None:
         raise _rejected(kind, name, refused)
-    actual = await kube.get(kind, namespace, name)
+    # Not in the cache: about to be created, unless an object without carpool's label (which
+    # the cache's watches leave out) already has the name, so ask the API server once.
+    actual = await kube.get(kind, namespace, name) or await kube.fetch(kind, namespace, name)
     if actual is None:
         news = "ChildCreated", f"created {kind} {name}"
     elif _owned_by(actual, spec.uid):
