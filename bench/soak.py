@@ -46,6 +46,9 @@ SCENARIOS = {
     "long_text": "test_long_text.py::test_a_huge_text_costs_no_more_than_a_256_token_one",
     "bench_unreachable": "test_bench_unreachable.py::"
     "test_bench_against_a_closed_port_stops_at_once_with_one_clear_error",
+    # carpool serve, carpool infer, carpool.batch and the weights fetcher at their edges
+    "serve_port": "test_serve_edges.py::test_serve_owns_its_ports_or_says_which_is_taken",
+    "serve_drain": "test_serve_edges.py::test_serve_answers_every_request_sent_before_sigterm",
 }
 
 
