@@ -49,6 +49,8 @@ SCENARIOS = {
     # carpool serve, carpool infer, carpool.batch and the weights fetcher at their edges
     "serve_port": "test_serve_edges.py::test_serve_owns_its_ports_or_says_which_is_taken",
     "serve_drain": "test_serve_edges.py::test_serve_answers_every_request_sent_before_sigterm",
+    "infer_resume": "test_infer_resume.py::"
+    "test_infer_resumes_its_own_runs_and_touches_nothing_else",
 }
 
 

@@ -1,4 +1,9 @@
-"""`carpool infer`: a handler run in process over a JSON-lines file, resumable."""
+"""`carpool infer`: a handler run in process over a JSON-lines file, resumable.
+
+It resumes only its own run: an output whose header names this input (by content), handler
+and model (`results_file`). Any other file given as --output, the input itself included, is
+refused with one line and left as it was.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import orjson
 
 from carpool_model_server.items import result_to_json
 from carpool_model_server.offline import DEFAULT_BATCH_SIZE, BatchInference
-from carpool_model_server.results_file import answered, append, put_in_order
+from carpool_model_server.results_file import NotThisRun, append, header, put_in_order, resume
 
 
 @click.command()
@@ -28,7 +33,8 @@ from carpool_model_server.results_file import answered, append, put_in_order
     "output_path",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="JSON lines, one per input line with its 0-based index; resumed if it exists.",
+    help="JSON lines: a header, then one per input line with its 0-based index; resumed if "
+    "it holds this run's header.",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE)
 @click.option("--model-path", type=click.Path(exists=True, path_type=Path), default=None)
@@ -49,7 +55,16 @@ def command(
 ) -> None:
     """Run a handler over every line of a file; results come out in input order."""
     started = time.monotonic()
-    done = answered(output_path)
+    if output_path.exists():
+        if output_path.samefile(input_path):
+            raise click.ClickException(f"--output {output_path} is the input file; give another")
+        if not output_path.is_file():
+            # It is rewritten in place at the end: a device or a pipe must not be replaced.
+            raise click.ClickException(f"--output {output_path} is not a regular file")
+    try:
+        done = resume(output_path, header(input_path, handler, model_path))
+    except NotThisRun as refusal:
+        raise click.ClickException(f"--output {output_path} {refusal}") from None
     pending: list[tuple[int, Any]] = []
     malformed: dict[int, str] = {}
     with input_path.open("rb") as lines:
