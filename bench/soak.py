@@ -51,6 +51,8 @@ SCENARIOS = {
     "serve_drain": "test_serve_edges.py::test_serve_answers_every_request_sent_before_sigterm",
     "infer_resume": "test_infer_resume.py::"
     "test_infer_resumes_its_own_runs_and_touches_nothing_else",
+    "batch_edges": "test_batch_edges.py::"
+    "test_a_function_that_hangs_exits_or_answers_none_harms_no_other_caller",
 }
 
 
