@@ -53,6 +53,8 @@ SCENARIOS = {
     "test_infer_resumes_its_own_runs_and_touches_nothing_else",
     "batch_edges": "test_batch_edges.py::"
     "test_a_function_that_hangs_exits_or_answers_none_harms_no_other_caller",
+    "hostile_store": "test_hostile_store.py::"
+    "test_a_hostile_store_writes_nothing_outside_and_nothing_unbounded",
 }
 
 
