@@ -19,7 +19,8 @@ from pathlib import Path
 import click
 import pytest
 
-RELIABILITY = Path(__file__).resolve().parents[1] / "tests" / "reliability"
+BENCH = Path(__file__).resolve().parent
+RELIABILITY = BENCH.parent / "tests" / "reliability"
 # Read by tests/reliability/soaked.py.
 PLAN_VARIABLE = "CARPOOL_SOAK_PLAN"
 # scenario -> its test, in tests/reliability/
@@ -55,6 +56,8 @@ SCENARIOS = {
     "test_a_function_that_hangs_exits_or_answers_none_harms_no_other_caller",
     "hostile_store": "test_hostile_store.py::"
     "test_a_hostile_store_writes_nothing_outside_and_nothing_unbounded",
+    "long_prompt": "test_long_prompt.py::"
+    "test_a_huge_prompt_is_refused_before_it_costs_the_model_anything",
 }
 
 
@@ -73,6 +76,9 @@ def main(scenario: str, folder: Path | None, plan: tuple[str, ...]) -> None:
         fields[flag.removeprefix("--").replace("-", "_")] = value
     folder = folder or Path(tempfile.mkdtemp(prefix="carpool-soak-"))
     os.environ[PLAN_VARIABLE] = json.dumps(fields)
+    # `python bench/soak.py` put bench/ first on sys.path, where library.py and engine.py
+    # would shadow the tests' packages of those names.
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH]
     code = pytest.main(
         [
             str(RELIABILITY / SCENARIOS[scenario]),
