@@ -11,7 +11,7 @@ prompts through the generate route; meanwhile one caller sends, in turn, a 16 MB
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,14 @@ import aiohttp
 import orjson
 from library.tiny_lm import build_tiny_lm
 from reliability.traffic import Outcome as Answer
-from reliability.traffic import latency_summary, rss_bytes, statuses
+from reliability.traffic import (
+    groups_summary,
+    neighbours,
+    post_json,
+    rss_bytes,
+    slow_refusals,
+    wrong_answers,
+)
 from support.sidecar import run_pair
 
 MODEL = "gen"
@@ -34,7 +41,6 @@ class Plan:
     timeout_ms: int = 5_000  # the sidecar's deadline: a blocked worker shows as 504s
     refused_within_s: float = 3.0  # the body's upload and the sidecar's parse included
     max_model_rss_growth_mib: float = 100.0
-    max_requests_per_neighbour: int = 100_000  # a bound; the rounds end the run first
 
 
 @dataclass
@@ -60,84 +66,54 @@ async def _run(folder: Path, plan: Plan) -> Report:
     ) as pair:
         url = f"{pair.sidecar.url}/v2/models/{MODEL}/generate"
         rss_before = rss_bytes(pair.model_server.process.pid)
-        stop = asyncio.Event()
         async with aiohttp.ClientSession() as http:
-            neighbours = [
-                asyncio.create_task(_neighbour(http, url, plan, stop, report.neighbours))
-                for _ in range(plan.neighbours)
-            ]
-            try:
-                await asyncio.sleep(0.5)  # the neighbours' batches are flowing
+
+            def generate(prompt: str, **parameters: Any) -> Awaitable[Answer]:
+                return _generate(http, url, prompt, parameters, plan)
+
+            async with neighbours(
+                plan.neighbours, lambda: generate(PROMPT, max_new_tokens=4), report.neighbours
+            ):
                 for _ in range(plan.rounds):
                     for size in (16_000_000, 60_000_000):
-                        report.huge.append(await _generate(http, url, "x" * size, {}, plan))
-                    for past in ({"stop": ["sun"] * 20}, {"max_new_tokens": 3_000_000_000}):
-                        report.settings.append(await _generate(http, url, PROMPT, past, plan))
-                    tiny = {"temperature": 1e-38, "max_new_tokens": 4}
-                    report.tiny_temperature.append(await _generate(http, url, PROMPT, tiny, plan))
-            finally:
-                stop.set()
-                await asyncio.gather(*neighbours)
+                        report.huge.append(await generate("x" * size))
+                    report.settings.append(await generate(PROMPT, stop=["sun"] * 20))
+                    report.settings.append(await generate(PROMPT, max_new_tokens=3_000_000_000))
+                    tiny = await generate(PROMPT, temperature=1e-38, max_new_tokens=4)
+                    report.tiny_temperature.append(tiny)
         report.model_rss_growth_mib = (
             rss_bytes(pair.model_server.process.pid) - rss_before
         ) / 2**20
     return report
 
 
-async def _neighbour(
-    http: aiohttp.ClientSession, url: str, plan: Plan, stop: asyncio.Event, answers: list[Answer]
-) -> None:
-    for _ in range(plan.max_requests_per_neighbour):
-        if stop.is_set():
-            return
-        answers.append(await _generate(http, url, PROMPT, {"max_new_tokens": 4}, plan))
-
-
 async def _generate(
     http: aiohttp.ClientSession, url: str, prompt: str, parameters: dict[str, Any], plan: Plan
 ) -> Answer:
     body = orjson.dumps({"text_input": prompt, "parameters": parameters})
-    started = time.monotonic()
-    timeout = aiohttp.ClientTimeout(total=plan.timeout_ms / 1000 + 30)
-    try:
-        async with http.post(url, data=body, timeout=timeout) as reply:
-            document = await reply.json(content_type=None)
-            correct = reply.status == 200 and isinstance(document.get("text_output"), str)
-            error = "" if reply.status == 200 else str(document.get("error", ""))
-            return Answer(reply.status, time.monotonic() - started, started, correct, error)
-    except (TimeoutError, aiohttp.ClientError) as failure:
-        return Answer(None, time.monotonic() - started, started, error=repr(failure))
+    return await post_json(http, url, body, plan.timeout_ms / 1000 + 30, _generated)
+
+
+def _generated(document: Any) -> bool:
+    return isinstance(document.get("text_output"), str)
 
 
 def summary(report: Report) -> str:
-    parts = [
-        f"{name}: {dict(statuses(answers))} {latency_summary(answers)}"
-        for name, answers in (
-            ("neighbours", report.neighbours),
-            ("16 MB and 60 MB prompts", report.huge),
-            ("20 stop strings, max_new_tokens 3e9", report.settings),
-            ("temperature 1e-38", report.tiny_temperature),
-        )
+    groups = [
+        ("neighbours", report.neighbours),
+        ("16 MB and 60 MB prompts", report.huge),
+        ("20 stop strings, max_new_tokens 3e9", report.settings),
+        ("temperature 1e-38", report.tiny_temperature),
     ]
-    return "; ".join(parts) + f"; model server RSS +{report.model_rss_growth_mib:.0f} MiB"
+    return groups_summary(groups) + f"; model server RSS +{report.model_rss_growth_mib:.0f} MiB"
 
 
 def broken_promises(report: Report, plan: Plan) -> list[str]:
-    broken = []
-    if set(statuses(report.neighbours)) != {200} or not all(a.correct for a in report.neighbours):
-        broken.append(f"neighbours got {dict(statuses(report.neighbours))}")
-    for answer in report.huge:
-        if answer.status != 400 or "max_element_bytes" not in answer.error:
-            broken.append(f"a huge prompt: {answer.status} {answer.error[:200]!r}")
-        elif answer.seconds >= plan.refused_within_s:
-            broken.append(f"a huge prompt refused only after {answer.seconds:.2f} s")
-    for answer in report.settings:
-        if answer.status != 400 or answer.seconds >= plan.refused_within_s:
-            broken.append(f"a setting past its bound: {answer.status} {answer.error[:200]!r}")
-    if not all(a.status == 200 and a.correct for a in report.tiny_temperature):
-        broken.append(
-            f"temperature 1e-38: {[(a.status, a.error) for a in report.tiny_temperature]}"
-        )
+    within_s = plan.refused_within_s
+    broken = wrong_answers("neighbours", report.neighbours)
+    broken += slow_refusals("a huge prompt", report.huge, 400, "max_element_bytes", within_s)
+    broken += slow_refusals("a setting past its bound", report.settings, 400, "", within_s)
+    broken += wrong_answers("temperature 1e-38", report.tiny_temperature)
     if report.model_rss_growth_mib > plan.max_model_rss_growth_mib:
         broken.append(f"model server RSS grew by {report.model_rss_growth_mib:.0f} MiB")
     return broken
