@@ -19,7 +19,9 @@ from carpool_model_server.handler_text_generation import (
     MAX_STOP_STRINGS,
     MAX_TEMPERATURE,
     PROMPT_BYTES_PER_TOKEN,
+    Request,
     TextGenerationHandler,
+    _RowStop,
 )
 from carpool_model_server.offline import BatchInference
 
@@ -190,6 +192,26 @@ def test_settings_past_their_bounds_are_refused_before_tokenizing(
     assert "outside the model's range [1, 255]" in messages[1]
     assert "outside the model's range [0, 100]" in messages[2] and "nan" in messages[3]
     assert "max_elements" in messages[4] and "max_element_bytes" in messages[5]
+
+
+def test_looking_for_stop_strings_costs_the_same_at_every_step(
+    handler: TextGenerationHandler,
+) -> None:
+    # A row's stop strings are looked for after each token: decoding all its tokens so far
+    # each time made a long generation's cost grow with the square of its length.
+    decoded: list[int] = []
+
+    class Counting:
+        def decode(self, ids: list[int]) -> str:
+            decoded.append(len(ids))
+            return str(handler.tokenizer.decode(ids))
+
+    row = Request([1], 5000, 0.0, ("never said",))
+    stopping = _RowStop([row], 1, Counting(), torch.device("cpu"))
+    for generated in (10, 1000, 4000):
+        done = stopping(torch.ones((1, 1 + generated), dtype=torch.long), None)
+        assert not done[0]
+    assert max(decoded) <= MAX_STOP_BYTES + 8
 
 
 @pytest.fixture(scope="module")

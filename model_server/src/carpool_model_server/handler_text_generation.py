@@ -48,6 +48,7 @@ MAX_TEMPERATURE = 100.0
 # Each row's stop strings are looked for after every token: their count and length bound it.
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
+_STOP_WINDOW = MAX_STOP_BYTES + 8  # tokens
 
 TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,), max_element_bytes=MAX_PROMPT_BYTES)
 MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,), minimum=1)
@@ -255,7 +256,13 @@ class _RowTemperature:
 
 
 class _RowStop:
-    """Marks a row done at its own token limit or once its text holds one of its stop strings."""
+    """Marks a row done at its own token limit or once its text holds one of its stop strings.
+
+    Looked for after every token, so only in the row's last tokens: a stop string that
+    completes now ends in the newest token, and each token is a byte of text at least, so it
+    lies in the last MAX_STOP_BYTES tokens; a few more cover a character cut by the window's
+    start. Earlier text was looked at before.
+    """
 
     def __init__(
         self, requests: list[Request], width: int, tokenizer: Any, device: torch.device
@@ -269,7 +276,8 @@ class _RowStop:
         done = (input_ids.shape[1] - self.width) >= self.limits
         for row, request in enumerate(self.requests):
             if request.stop and not done[row]:
-                text = self.tokenizer.decode(input_ids[row, self.width :].tolist())
+                start = max(self.width, input_ids.shape[1] - _STOP_WINDOW)
+                text = self.tokenizer.decode(input_ids[row, start:].tolist())
                 done[row] = any(stop in text for stop in request.stop)
         return done
 
