@@ -23,6 +23,7 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import NoReturn
 
 import click
 
@@ -74,14 +75,14 @@ def command(
     """Run a model server and its sidecar locally, as in a pod."""
     name = model_name or handler
     listening = {"--port": port} | ({"--grpc-port": grpc_port} if grpc_port else {})
+    if grpc_port == port:
+        _fail(f"--grpc-port {port} is --port too; give each its own")
     for flag, number in listening.items():
         if (why := ports.taken(host, number)) is not None:
-            click.echo(
-                f"carpool: port {number} on {host} is taken ({why}): another server listens "
-                f"there; choose another with {flag}",
-                err=True,
+            _fail(
+                f"port {number} on {host} is taken ({why}): another server listens there; "
+                f"choose another with {flag}"
             )
-            sys.exit(1)
     model = ["model-server", "--handler", handler, "--model-name", name]
     sidecar = ["sidecar", "--model-name", name, "--host", host, "--port", str(port)]
     sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", str(DRAIN_DELAY_S)]
@@ -158,6 +159,12 @@ def _serve(
             model.tend(now, ready)
             sidecar.tend(now, ready)
         return 0
+
+
+def _fail(message: str) -> NoReturn:
+    """One line saying why `carpool serve` cannot start, before it starts anything; exit 1."""
+    _log(message)
+    sys.exit(1)
 
 
 def _child(children: ExitStack, name: str, *args: str) -> Supervised:
