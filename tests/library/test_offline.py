@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,14 @@ import numpy as np
 import orjson
 import pytest
 from library.tiny_lm import WORDS
+from support.model_server import SUPPORT_DIR
 
 import carpool_model_server
 from carpool_model_server.offline import BatchInference
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 HANDLER = "library.padded_handler:PaddedBytesHandler"
+SLOW = "model_handlers:SlowInferHandler"  # the toy model, CARPOOL_TEST_INFER_S per batch
 COUNT = 10_000
 MALFORMED, MISSING_INPUT = 5_000, 7_000
 
@@ -211,3 +214,47 @@ def test_values_out_of_range_are_400_lines_and_the_rest_runs(
     assert "outside the model's range [1, 255]" in answers[2]["error"]
     assert "out of range for FP32" in answers[3]["error"]
     assert "takes INT32 numbers" in answers[4]["error"]
+
+
+def test_infer_reads_its_input_once_so_a_pipe_works(tmp_path: Path) -> None:
+    data = three_lines(tmp_path / "data.jsonl")
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    output = tmp_path / "out.jsonl"
+    args = ["--handler", HANDLER, "--input", "/dev/stdin", "--output", str(output)]
+    done = subprocess.run(
+        [sys.executable, "-m", "carpool", "infer", *args, "--torch-threads", "1"],
+        input=data.read_bytes(),
+        capture_output=True,
+        env=env,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [answer["outputs"]["length"] for answer in answers_in(output)] == [[3], [1], [1]]
+
+
+def test_a_second_run_on_an_output_being_written_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b"".join(b'{"input": [1, 2, 3, 4]}\n' for _ in range(200)))
+    output = tmp_path / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.2"}
+    args = ["--input", str(data), "--output", str(output), "--batch-size", "4"]
+    command = [sys.executable, "-m", "carpool", "infer", "--handler", SLOW, *args]
+    first = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while output.read_bytes().count(b"\n") < 2 if output.exists() else True:
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.02)
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        refused(second, "being written by another carpool infer")
+        assert first.wait(120) == 0
+    finally:
+        first.kill()
+        first.wait()
+    assert len(answers_in(output)) == 200
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    data = three_lines(tmp_path / "data.jsonl")
+    refused(run_infer(data, tmp_path / "no-such-folder" / "out.jsonl"), "cannot write --output")

@@ -7,6 +7,7 @@ refused with one line and left as it was.
 
 from __future__ import annotations
 
+import fcntl
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -16,7 +17,14 @@ import orjson
 
 from carpool_model_server.items import result_to_json
 from carpool_model_server.offline import DEFAULT_BATCH_SIZE, BatchInference
-from carpool_model_server.results_file import NotThisRun, append, header, put_in_order, resume
+from carpool_model_server.results_file import (
+    NotThisRun,
+    append,
+    header,
+    put_in_order,
+    read_input,
+    resume,
+)
 
 
 @click.command()
@@ -55,6 +63,7 @@ def command(
 ) -> None:
     """Run a handler over every line of a file; results come out in input order."""
     started = time.monotonic()
+    lines, input_sha256 = read_input(input_path)
     if output_path.exists():
         if output_path.samefile(input_path):
             raise click.ClickException(f"--output {output_path} is the input file; give another")
@@ -62,27 +71,38 @@ def command(
             # It is rewritten in place at the end: a device or a pipe must not be replaced.
             raise click.ClickException(f"--output {output_path} is not a regular file")
     try:
-        done = resume(output_path, header(input_path, handler, model_path))
-    except NotThisRun as refusal:
-        raise click.ClickException(f"--output {output_path} {refusal}") from None
-    pending: list[tuple[int, Any]] = []
-    malformed: dict[int, str] = {}
-    with input_path.open("rb") as lines:
+        output = output_path.open("ab+")
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot write --output {output_path}: {error.strerror}"
+        ) from None
+    with output:
+        try:
+            # Held until the run ends: two runs appending to one file would answer twice.
+            fcntl.flock(output, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise click.ClickException(
+                f"--output {output_path} is being written by another carpool infer"
+            ) from None
+        try:
+            done = resume(output, header(input_sha256, handler, model_path))
+        except NotThisRun as refusal:
+            raise click.ClickException(f"--output {output_path} {refusal}") from None
+        if done:
+            click.echo(f"resuming: {len(done)} lines already answered", err=True)
+        pending: list[tuple[int, Any]] = []
         for index, line in enumerate(lines):
             if index in done:
                 continue
             try:
                 pending.append((index, orjson.loads(line)))
             except orjson.JSONDecodeError as error:
-                malformed[index] = f"line {index + 1} is not JSON: {error}"
-    if done:
-        click.echo(f"resuming: {len(done)} lines already answered", err=True)
-    with output_path.open("ab") as output:
-        for index, message in malformed.items():
-            append(output, index, {"error": message, "status": 400})
+                message = f"line {index + 1} is not JSON: {error}"
+                append(output, index, {"error": message, "status": 400})
         if pending:
             _run(handler, pending, output, batch_size, model_path, device, torch_threads, sort)
-    put_in_order(output_path)
+        output.flush()
+        put_in_order(output_path)
     click.echo(f"wrote {output_path} in {time.monotonic() - started:.1f}s", err=True)
 
 

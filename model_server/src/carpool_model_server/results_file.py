@@ -14,58 +14,64 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, BinaryIO, NoReturn
 
 import orjson
 
 HEADER_KEY = "carpool_infer"
 FORMAT = 1
-_CHUNK = 1 << 20
 
 
 class NotThisRun(Exception):
     """An output that this run must not resume; the message says why."""
 
 
-def header(input_path: Path, handler: str, model_path: Path | None) -> bytes:
-    """The header line of a run of `handler` (with `model_path`) over `input_path`."""
+def read_input(path: Path) -> tuple[list[bytes], str]:
+    """The input's lines and its SHA-256, from one read: a pipe is read once only."""
     digest = hashlib.sha256()
-    with input_path.open("rb") as data:
-        while chunk := data.read(_CHUNK):
-            digest.update(chunk)
+    lines = []
+    with path.open("rb") as data:
+        for line in data:
+            digest.update(line)
+            lines.append(line)
+    return lines, digest.hexdigest()
+
+
+def header(input_sha256: str, handler: str, model_path: Path | None) -> bytes:
+    """The header line of a run of `handler` (with `model_path`) over an input."""
     run = {
         HEADER_KEY: FORMAT,
-        "input_sha256": digest.hexdigest(),
+        "input_sha256": input_sha256,
         "handler": handler,
         "model_path": None if model_path is None else str(model_path.resolve()),
     }
     return orjson.dumps(run, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def resume(path: Path, run_header: bytes) -> set[int]:
-    """The indices already answered in `path` by this run; a new file starts with its header.
+def resume(file: BinaryIO, run_header: bytes) -> set[int]:
+    """The indices already answered in `file` (open "ab+") by this run; a new file starts
+    with its header.
 
     Raises NotThisRun for a file that holds anything else. A torn last line (from a stopped
     run) is cut off; so is a torn header, all a stopped run may have written.
     """
-    with path.open("ab+") as file:
-        file.seek(0)
-        first = file.readline()
-        if first != run_header:
-            if not run_header.startswith(first):
-                _refuse(first, run_header)
-            file.truncate(0)
-            file.write(run_header)
-            return set()
-        done: set[int] = set()
-        kept = len(first)
-        for line in file:
-            try:
-                done.add(int(orjson.loads(line)["index"]))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                break
-            kept += len(line)
-        file.truncate(kept)
+    file.seek(0)
+    first = file.readline()
+    if first != run_header:
+        if not run_header.startswith(first):
+            _refuse(first, run_header)
+        file.truncate(0)
+        file.write(run_header)
+        return set()
+    done: set[int] = set()
+    kept = len(first)
+    for line in file:
+        try:
+            done.add(int(orjson.loads(line)["index"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            break
+        kept += len(line)
+    file.truncate(kept)
     return done
 
 
