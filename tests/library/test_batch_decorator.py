@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -153,6 +154,26 @@ async def test_a_call_that_never_returns_is_given_up_at_its_deadline() -> None:
         # The hung call held the only batch slot; past its deadline the slot is free again.
         assert await echo("next", timeout_ms=2000) == "next"
     finally:
+        await echo.aclose()
+
+
+async def test_a_call_that_ignores_its_cancellation_still_frees_the_slot() -> None:
+    ended = False
+
+    @carpool.batch(max_batch_size=4, max_wait_ms=1, timeout_ms=200)
+    async def echo(items: list[str]) -> list[str]:
+        while "stubborn" in items and not ended:
+            # A function may swallow its cancellation; its batch's deadline must hold anyway.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.02)
+        return items
+
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await echo("stubborn")
+        assert await echo("next", timeout_ms=2000) == "next"
+    finally:
+        ended = True
         await echo.aclose()
 
 

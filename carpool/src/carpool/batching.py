@@ -16,9 +16,9 @@ its slot in the returned list hold an Exception.
 The function's own bugs fail the whole batch at once, never split: an answer that is not
 one result per item (None, a generator, a list of the wrong length), and a BaseException
 it raises (SystemExit, KeyboardInterrupt), which must not end the event loop. A batch ends
-at its callers' latest deadline: a coroutine still running is cancelled; a thread cannot
-be, so it is left to finish on its own while new batches get fresh threads, at most
-STUCK_THREADS of them left running at once.
+at its callers' latest deadline: a coroutine still running is cancelled (and not waited
+for); a thread cannot be, so it is left to finish on its own while new batches get fresh
+threads, at most STUCK_THREADS of them left running at once.
 """
 
 from __future__ import annotations
@@ -85,15 +85,28 @@ class _Sender(Generic[ItemT, ResultT]):
 
     async def send(self, items: Sequence[ItemT], timeout_s: float) -> Answer[ResultT | Exception]:
         # No hop and no queue of its own: the round trip is the function's time, up to the
-        # batch's deadline (its callers have their answer by then).
+        # batch's deadline (its callers have their answer by then). Not waited for past it,
+        # even if it ignores its cancellation: the batch's slot is free again at once.
+        call = asyncio.ensure_future(self.answer(items))
         try:
-            async with asyncio.timeout(timeout_s):
-                return await self.answer(items), None
-        except TimeoutError:
+            done, _ = await asyncio.wait({call}, timeout=timeout_s)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if not done:
+            call.cancel()
+            call.add_done_callback(_forget)
             raise DeadlineExceeded(
                 f"{self.name} did not answer a batch of {len(items)} within "
                 f"{1000 * timeout_s:.0f} ms"
-            ) from None
+            )
+        return call.result(), None
+
+
+def _forget(call: asyncio.Future[Any]) -> None:
+    """Take the outcome of a call given up at its deadline, so that it is not reported."""
+    if not call.cancelled():
+        call.exception()
 
 
 class Batched(Generic[ItemT, ResultT]):
