@@ -42,7 +42,7 @@ _RESTART = re.compile(r"sidecar (?:exited with \d+|was killed by signal \d+) aft
 class PortPlan:
     runs: int = 1  # each: the HTTP port taken, the gRPC port taken, the port taken on a restart
     fails_within_s: float = 10.0  # start -> exit 1: Python's start-up and the check
-    stolen_s: float = 4.0  # how long the port stays taken after the sidecar's restart
+    restarts: int = 3  # the port stays taken for this many restarts of the sidecar
     ready_again_within_s: float = 15.0  # the port free again -> ready: back-off plus start-up
 
 
@@ -186,7 +186,12 @@ def _stolen(folder: Path, plan: PortPlan) -> StolenRun:
         sidecar.kill()
         sidecar.wait(10)
         with other_server(port):
-            time.sleep(plan.stolen_s)
+            _wait_for(
+                lambda: (
+                    len(_RESTART.findall(log.read_text(errors="replace")[mark:])) >= plan.restarts
+                ),
+                START_TIMEOUT_S,
+            )
         freed_at = time.monotonic()
         if _wait_for(lambda: http_ok(ready_url, 1.0), plan.ready_again_within_s * 2):
             run.ready_again_s = time.monotonic() - freed_at
@@ -226,7 +231,7 @@ def port_broken_promises(report: PortReport, plan: PortPlan) -> list[str]:
             broken.append(f"{run.which} taken: not one line naming the port: {lines[-5:]}")
     for stolen in report.stolen:
         delays = stolen.delays_s
-        if len(delays) < 3 or any(b != 2 * a for a, b in itertools.pairwise(delays)):
+        if len(delays) < plan.restarts or any(b != 2 * a for a, b in itertools.pairwise(delays)):
             broken.append(f"port taken at a restart: back-off {delays}, not doubling")
         if stolen.said_ready:
             broken.append("port taken at a restart: carpool serve said ready again")

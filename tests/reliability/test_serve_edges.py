@@ -2,9 +2,9 @@
 
 What is promised (`serve_edges.*_broken_promises`): started on an HTTP or gRPC port that
 another server holds, `carpool serve` exits 1 within 10 s with one line naming the port,
-and never says ready; when the port is taken while its sidecar restarts, the restarts back
-off, each delay twice the one before, and once the port is free the pair is ready again
-within 15 s. On SIGTERM under load (new and kept-alive connections), every request sent
+and never says ready; when the port is taken while its sidecar restarts (3 times), the
+restarts back off, each delay twice the one before, and once the port is free the pair is
+ready again within 15 s. On SIGTERM under load (new and kept-alive connections), every request sent
 before the signal gets its correct 200, none is reset or refused, and `carpool serve` exits
 0 within 10 s.
 """
