@@ -19,7 +19,8 @@ from pathlib import Path
 import click
 import pytest
 
-RELIABILITY = Path(__file__).resolve().parents[1] / "tests" / "reliability"
+BENCH = Path(__file__).resolve().parent
+RELIABILITY = BENCH.parent / "tests" / "reliability"
 # Read by tests/reliability/soaked.py.
 PLAN_VARIABLE = "CARPOOL_SOAK_PLAN"
 # scenario -> its test, in tests/reliability/
@@ -46,6 +47,17 @@ SCENARIOS = {
     "long_text": "test_long_text.py::test_a_huge_text_costs_no_more_than_a_256_token_one",
     "bench_unreachable": "test_bench_unreachable.py::"
     "test_bench_against_a_closed_port_stops_at_once_with_one_clear_error",
+    # carpool serve, carpool infer, carpool.batch and the weights fetcher at their edges
+    "serve_port": "test_serve_edges.py::test_serve_owns_its_ports_or_says_which_is_taken",
+    "serve_drain": "test_serve_edges.py::test_serve_answers_every_request_sent_before_sigterm",
+    "infer_resume": "test_infer_resume.py::"
+    "test_infer_resumes_its_own_runs_and_touches_nothing_else",
+    "batch_edges": "test_batch_edges.py::"
+    "test_a_function_that_hangs_exits_or_answers_none_harms_no_other_caller",
+    "hostile_store": "test_hostile_store.py::"
+    "test_a_hostile_store_writes_nothing_outside_and_nothing_unbounded",
+    "long_prompt": "test_long_prompt.py::"
+    "test_a_huge_prompt_is_refused_before_it_costs_the_model_anything",
 }
 
 
@@ -64,6 +76,9 @@ def main(scenario: str, folder: Path | None, plan: tuple[str, ...]) -> None:
         fields[flag.removeprefix("--").replace("-", "_")] = value
     folder = folder or Path(tempfile.mkdtemp(prefix="carpool-soak-"))
     os.environ[PLAN_VARIABLE] = json.dumps(fields)
+    # `python bench/soak.py` put bench/ first on sys.path, where library.py and engine.py
+    # would shadow the tests' packages of those names.
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH]
     code = pytest.main(
         [
             str(RELIABILITY / SCENARIOS[scenario]),

@@ -63,3 +63,15 @@ def test_serve_stopped_while_the_model_loads_exits_0() -> None:
         _, stderr = process.communicate(timeout=20)
         assert process.returncode == 0, stderr
         assert "stopped before the model was ready" in stderr
+
+
+def test_serve_given_one_port_for_http_and_grpc_says_so_in_one_line() -> None:
+    port = str(free_port())
+    command = [sys.executable, "-m", "carpool", "serve", "--handler", "toy"]
+    done = subprocess.run(
+        [*command, "--port", port, "--grpc-port", port], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"carpool: --grpc-port {port} is --port too; give each its own"
+    ]

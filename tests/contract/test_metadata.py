@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -49,6 +50,40 @@ def test_per_item_limits_travel_with_their_input() -> None:
     )
 
 
+def test_a_value_range_travels_with_its_input_and_refuses_what_lies_outside() -> None:
+    ranged = Metadata(
+        platform="test",
+        inputs=(
+            TensorSpec("temperature", "FP32", (1,), minimum=0, maximum=2.5),
+            TensorSpec("scale", "BF16", (1,), minimum=1),
+        ),
+        outputs=DECLARED.outputs,
+    )
+    served = ModelMetadata.served(ranged, "m", 8)
+    document = orjson.loads(orjson.dumps(served.encode()))
+    assert document["inputs"][0]["minimum"] == 0 and document["inputs"][0]["maximum"] == 2.5
+    temperature, scale = ModelMetadata.decode(document).inputs
+    assert (temperature, scale) == ranged.inputs
+    assert temperature.limit_error((1,), np.array([0, 1e-38, 2.5], np.float32)) is None
+    for outside in (-1e-30, 2.6, np.inf, np.nan):
+        error = temperature.limit_error((1,), np.array([1.0, outside], np.float32))
+        assert error is not None and "outside the model's range [0, 2.5]" in error, outside
+    # BF16 travels as the top 16 bits of a float32: 0.5 is 0x3F00, 2.0 is 0x4000.
+    assert "value 0.5 is outside" in str(scale.limit_error((1,), np.array([0x3F00], np.uint16)))
+    assert scale.limit_error((1,), np.array([0x4000], np.uint16)) is None
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_HANDLERS))
+def test_every_built_in_handler_bounds_what_one_item_may_hold(name: str) -> None:
+    # Fixed shapes bound themselves; anything else must declare its limit, so that the
+    # sidecar refuses an item past it before the model server sees it.
+    for spec in load_handler_class(name).metadata.inputs:
+        if spec.variable:
+            assert spec.max_elements is not None, f"{name}: input {spec.name!r}"
+        if spec.datatype == "BYTES":
+            assert spec.max_element_bytes is not None, f"{name}: input {spec.name!r}"
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [
@@ -59,6 +94,14 @@ def test_per_item_limits_travel_with_their_input() -> None:
         (
             {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "max_elements": "9"}]},
             "max_elements",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "maximum": "high"}]},
+            "maximum",
+        ),
+        (
+            {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "minimum": 0}]},
+            "BYTES input has no minimum",
         ),
         ({"max_batch_size": "lots"}, "lots"),
         ({"inputs": [{"name": "x", "datatype": "FP128", "shape": [1]}]}, "FP128"),

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 import carpool
-from carpool.batching import DeadlineExceeded, QueueFull
+from carpool.batching import (
+    STUCK_THREADS,
+    DeadlineExceeded,
+    QueueFull,
+    SidecarError,
+    Unavailable,
+)
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -128,3 +137,157 @@ def test_importing_carpool_loads_no_torch_until_a_library_face_is_used() -> None
         "assert 'torch' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+async def test_a_call_that_never_returns_is_given_up_at_its_deadline() -> None:
+    hang = asyncio.Event()  # never set: the first batch's call never returns
+
+    @carpool.batch(max_batch_size=4, max_wait_ms=1, timeout_ms=200)
+    async def echo(items: list[str]) -> list[str]:
+        if "hang" in items:
+            await hang.wait()
+        return items
+
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await echo("hang")
+        # The hung call held the only batch slot; past its deadline the slot is free again.
+        assert await echo("next", timeout_ms=2000) == "next"
+    finally:
+        await echo.aclose()
+
+
+async def test_a_call_that_ignores_its_cancellation_still_frees_the_slot() -> None:
+    ended = False
+
+    @carpool.batch(max_batch_size=4, max_wait_ms=1, timeout_ms=200)
+    async def echo(items: list[str]) -> list[str]:
+        while "stubborn" in items and not ended:
+            # A function may swallow its cancellation; its batch's deadline must hold anyway.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.02)
+        return items
+
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await echo("stubborn")
+        assert await echo("next", timeout_ms=2000) == "next"
+    finally:
+        ended = True
+        await echo.aclose()
+
+
+def test_a_sync_call_that_never_returns_costs_its_thread_not_the_engine() -> None:
+    release = threading.Event()
+
+    @carpool.batch(max_batch_size=4, max_wait_ms=1, timeout_ms=200)
+    def echo(items: list[str]) -> list[str]:
+        if "hang" in items:
+            release.wait(30)  # a thread cannot be stopped; the engine must not wait for it
+        return items
+
+    try:
+        with pytest.raises(DeadlineExceeded):
+            echo.blocking("hang")
+        assert echo.blocking("next", timeout_ms=2000) == "next"
+        assert echo.blocking("again", timeout_ms=2000) == "again"
+    finally:
+        release.set()
+        echo.close()
+
+
+def test_threads_left_running_past_their_deadline_are_bounded() -> None:
+    release = threading.Event()
+
+    @carpool.batch(max_batch_size=1, max_wait_ms=1, timeout_ms=100)
+    def echo(items: list[str]) -> list[str]:
+        if "hang" in items:
+            release.wait(30)
+        return items
+
+    try:
+        for _ in range(STUCK_THREADS):
+            with pytest.raises(DeadlineExceeded):
+                echo.blocking("hang")
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match=f"{STUCK_THREADS} calls of echo still run"):
+            echo.blocking("next", timeout_ms=5000)
+        assert time.monotonic() - started < 1.0  # refused at once, not at its deadline
+        release.set()  # the stuck calls return; their threads are free again
+        assert echo.blocking("next", timeout_ms=2000) == "next"
+    finally:
+        release.set()
+        echo.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (lambda items: None, "echo returned None, not a list of 32 results"),
+        (lambda items: (item for item in items), "echo returned generator"),
+        (lambda items: "x" * len(items), "echo returned str"),
+        (lambda items: items[:3], "echo returned 3 results for 32 items"),
+    ],
+)
+async def test_an_answer_that_is_not_one_result_per_item_fails_the_batch_once(
+    answer: Any, words: str
+) -> None:
+    calls: list[int] = []
+
+    @carpool.batch(max_batch_size=32, max_wait_ms=50)
+    async def echo(items: list[int]) -> Any:
+        calls.append(len(items))
+        return answer(items)
+
+    try:
+        outcomes = await asyncio.gather(*(echo(i) for i in range(32)), return_exceptions=True)
+    finally:
+        await echo.aclose()
+    assert calls == [32]  # one call, not halves: a wrong answer is the function's bug
+    for outcome in outcomes:
+        assert isinstance(outcome, SidecarError) and words in str(outcome), outcome
+
+
+BASE_EXCEPTIONS = """
+import asyncio, sys, carpool
+
+@carpool.batch(max_batch_size=8, max_wait_ms=20)
+async def leave(items):
+    if "exit" in items:
+        sys.exit(3)
+    if "interrupt" in items:
+        raise KeyboardInterrupt
+    return items
+
+@carpool.batch(max_batch_size=8, max_wait_ms=20)
+def leave_sync(items):
+    if "exit" in items:
+        sys.exit(4)
+    return items
+
+async def main():
+    for function, poison in ((leave, "exit"), (leave, "interrupt"), (leave_sync, "exit")):
+        outcomes = await asyncio.gather(function(poison), function("a"), return_exceptions=True)
+        print(*(type(o).__name__ + ": " + str(o) for o in outcomes), sep=" | ")
+        print("after:", await function("b"))
+    await leave.aclose()
+    await leave_sync.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_a_function_that_raises_system_exit_fails_its_batch_and_the_engine_goes_on() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BASE_EXCEPTIONS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0::2] == [
+        "FunctionAborted: leave raised SystemExit(3) | FunctionAborted: leave raised SystemExit(3)",
+        "FunctionAborted: leave raised KeyboardInterrupt() | "
+        "FunctionAborted: leave raised KeyboardInterrupt()",
+        "FunctionAborted: leave_sync raised SystemExit(4) | "
+        "FunctionAborted: leave_sync raised SystemExit(4)",
+    ]
+    assert lines[1::2] == ["after: b"] * 3

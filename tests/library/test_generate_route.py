@@ -186,6 +186,36 @@ async def test_bad_requests_get_400(pair: Pair, body: object) -> None:
     assert metric(pair.sidecar, "carpool_requests_total", code="400") == before + 1
 
 
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (request("the " * 5000), "max_element_bytes"),  # 20 kB: 16 bytes per token of context
+        (request("the sky", max_new_tokens=100_000), "outside the model's range [1, 255]"),
+        (request("the sky", temperature=1e9), "outside the model's range [0, 100]"),
+        (request("the sky", stop=["sun"] * 17), "max_elements"),
+        (request("the sky", stop=["s" * 257]), "max_element_bytes"),
+    ],
+)
+async def test_settings_past_the_models_bounds_get_400_before_queueing(
+    pair: Pair, body: object, words: str
+) -> None:
+    before = batches(pair.sidecar)
+    async with aiohttp.ClientSession() as http:
+        status, answer = await post(http, pair.sidecar, body)
+    assert status == 400 and words in answer["error"], answer
+    assert batches(pair.sidecar) == before  # the model server never saw it
+
+
+async def test_a_tiny_temperature_is_answered_as_greedy(pair: Pair) -> None:
+    async with aiohttp.ClientSession() as http:
+        greedy = await post(http, pair.sidecar, request("the sky", max_new_tokens=8))
+        tiny = await post(
+            http, pair.sidecar, request("the sky", max_new_tokens=8, temperature=1e-38)
+        )
+    assert greedy[0] == tiny[0] == 200, (greedy, tiny)
+    assert tiny[1]["text_output"] == greedy[1]["text_output"]
+
+
 async def test_the_deadline_counts_as_for_infer(pair: Pair) -> None:
     async with aiohttp.ClientSession() as http:
         # The batch waits WAIT_MS to fill: a shorter deadline passes first.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,15 @@ from support.model_server import ModelServer, post_batch, run_model_server
 
 from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool_model_server.handler import HandlerSettings
-from carpool_model_server.handler_text_generation import TextGenerationHandler
+from carpool_model_server.handler_text_generation import (
+    MAX_STOP_BYTES,
+    MAX_STOP_STRINGS,
+    MAX_TEMPERATURE,
+    PROMPT_BYTES_PER_TOKEN,
+    Request,
+    TextGenerationHandler,
+    _RowStop,
+)
 from carpool_model_server.offline import BatchInference
 
 Item = dict[str, Tensor]
@@ -138,6 +147,71 @@ def test_bad_items_are_refused_and_neighbours_still_run(handler: TextGenerationH
     assert len(messages) == 4
     assert "max_new_tokens" in messages[0] and "context" in messages[1]
     assert "temperature" in messages[2] and "text_input" in messages[3]
+
+
+def test_the_metadata_bounds_each_setting_to_what_the_model_can_run(
+    handler: TextGenerationHandler,
+) -> None:
+    specs = {spec.name: spec for spec in handler.metadata.inputs}
+    # The tiny model's context is 256 tokens: a prompt of 255 at most, and 1 new token.
+    assert specs["text_input"].max_element_bytes == 255 * PROMPT_BYTES_PER_TOKEN
+    assert (specs["max_new_tokens"].minimum, specs["max_new_tokens"].maximum) == (1, 255)
+    assert (specs["temperature"].minimum, specs["temperature"].maximum) == (0, MAX_TEMPERATURE)
+    assert specs["stop"].max_elements == MAX_STOP_STRINGS
+    assert specs["stop"].max_element_bytes == MAX_STOP_BYTES
+
+
+def test_a_temperature_however_small_samples_the_greedy_token(
+    handler: TextGenerationHandler,
+) -> None:
+    prompt = "the dog ran far away"
+    greedy = generate(handler, [prompt_item(prompt, max_new_tokens=12)])[0]
+    tiny = [prompt_item(prompt, max_new_tokens=12, temperature=t) for t in (1e-38, 1e-45, 1e-20)]
+    assert generate(handler, tiny) == [greedy] * 3
+
+
+def test_settings_past_their_bounds_are_refused_before_tokenizing(
+    handler: TextGenerationHandler,
+) -> None:
+    huge = prompt_item("the " * 4_000_000)  # 16 MB
+    items = [
+        huge,
+        prompt_item("the sky", max_new_tokens=10_000),
+        prompt_item("the sky", temperature=1e9),
+        prompt_item("the sky", temperature=float("nan")),
+        prompt_item("the sky", stop=["sun"] * (MAX_STOP_STRINGS + 1)),
+        prompt_item("the sky", stop=["s" * (MAX_STOP_BYTES + 1)]),
+    ]
+    started = time.monotonic()
+    answers = generate(handler, items)
+    # A 16 MB prompt took seconds to tokenize; refused on its length, it takes none.
+    assert time.monotonic() - started < 1.0
+    messages = [str(answer) for answer in answers]
+    assert all(isinstance(answer, ValueError) for answer in answers), messages
+    assert "max_element_bytes" in messages[0]
+    assert "outside the model's range [1, 255]" in messages[1]
+    assert "outside the model's range [0, 100]" in messages[2] and "nan" in messages[3]
+    assert "max_elements" in messages[4] and "max_element_bytes" in messages[5]
+
+
+def test_looking_for_stop_strings_costs_the_same_at_every_step(
+    handler: TextGenerationHandler,
+) -> None:
+    # A row's stop strings are looked for after each token: decoding all its tokens so far
+    # each time made a long generation's cost grow with the square of its length.
+    decoded: list[int] = []
+
+    class Counting:
+        def decode(self, ids: list[int]) -> str:
+            decoded.append(len(ids))
+            return str(handler.tokenizer.decode(ids))
+
+    row = Request([1], 5000, 0.0, ("never said",))
+    stopping = _RowStop([row], 1, Counting(), torch.device("cpu"))
+    for generated in (10, 1000, 4000):
+        done = stopping(torch.ones((1, 1 + generated), dtype=torch.long), None)
+        assert not done[0]
+    assert max(decoded) <= MAX_STOP_BYTES + 8
 
 
 @pytest.fixture(scope="module")

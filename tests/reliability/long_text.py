@@ -10,14 +10,24 @@ about 300 tokens (the reference cost).
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 from reliability.traffic import Outcome as Answer
-from reliability.traffic import latency_summary, percentile, rss_bytes, statuses
+from reliability.traffic import (
+    groups_summary,
+    neighbours,
+    percentile,
+    post_json,
+    rss_bytes,
+    slow_refusals,
+    statuses,
+    wrong_answers,
+)
 from support.sidecar import run_pair
 
 from carpool_model_server.handler_text_embedding import MAX_TEXT_BYTES
@@ -37,7 +47,6 @@ class Plan:
     refused_within_s: float = 1.0
     slower_than_reference: float = 3.0  # the limit text's latency, at most this times
     max_model_rss_growth_mib: float = 100.0
-    max_requests_per_neighbour: int = 100_000  # a bound; the rounds end the run first
 
 
 @dataclass
@@ -62,75 +71,49 @@ async def _run(folder: Path, plan: Plan) -> Report:
     ) as pair:
         url = f"{pair.sidecar.url}/v2/models/{MODEL}/infer"
         rss_before = rss_bytes(pair.model_server.process.pid)
-        stop = asyncio.Event()
         async with aiohttp.ClientSession() as http:
-            neighbours = [
-                asyncio.create_task(_neighbour(http, url, plan, stop, report.neighbours))
-                for _ in range(plan.neighbours)
-            ]
-            try:
-                await asyncio.sleep(0.5)  # the neighbours' batches are flowing
+
+            def embed(text: str) -> Awaitable[Answer]:
+                return _embed(http, url, text, plan)
+
+            async with neighbours(plan.neighbours, lambda: embed(SENTENCE), report.neighbours):
                 limit_text = "carpool " * (MAX_TEXT_BYTES // 8)
                 for _ in range(plan.rounds):
-                    report.huge.append(await _embed(http, url, "x" * plan.huge_bytes, plan))
-                    report.at_limit.append(await _embed(http, url, limit_text, plan))
-                    report.reference.append(await _embed(http, url, REFERENCE_TEXT, plan))
-            finally:
-                stop.set()
-                await asyncio.gather(*neighbours)
+                    report.huge.append(await embed("x" * plan.huge_bytes))
+                    report.at_limit.append(await embed(limit_text))
+                    report.reference.append(await embed(REFERENCE_TEXT))
         report.model_rss_growth_mib = (
             rss_bytes(pair.model_server.process.pid) - rss_before
         ) / 2**20
     return report
 
 
-async def _neighbour(
-    http: aiohttp.ClientSession, url: str, plan: Plan, stop: asyncio.Event, answers: list[Answer]
-) -> None:
-    for _ in range(plan.max_requests_per_neighbour):
-        if stop.is_set():
-            return
-        answers.append(await _embed(http, url, SENTENCE, plan))
-
-
 async def _embed(http: aiohttp.ClientSession, url: str, text: str, plan: Plan) -> Answer:
     body = orjson.dumps(
         {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}
     )
-    started = time.monotonic()
-    timeout = aiohttp.ClientTimeout(total=plan.timeout_ms / 1000 + 10)
-    try:
-        async with http.post(url, data=body, timeout=timeout) as reply:
-            document = await reply.json(content_type=None)
-            correct = reply.status == 200 and document["outputs"][0]["shape"] == [1, 384]
-            error = "" if reply.status == 200 else str(document.get("error", ""))
-            return Answer(reply.status, time.monotonic() - started, started, correct, error)
-    except (TimeoutError, aiohttp.ClientError) as failure:
-        return Answer(None, time.monotonic() - started, started, error=repr(failure))
+    return await post_json(http, url, body, plan.timeout_ms / 1000 + 10, _embedded)
+
+
+def _embedded(document: Any) -> bool:
+    return bool(document["outputs"][0]["shape"] == [1, 384])
 
 
 def summary(report: Report) -> str:
-    parts = [
-        f"{name}: {dict(statuses(answers))} {latency_summary(answers)}"
-        for name, answers in (
-            ("neighbours", report.neighbours),
-            ("16 MB text", report.huge),
-            ("1 MiB text", report.at_limit),
-            ("300-token text", report.reference),
-        )
+    groups = [
+        ("neighbours", report.neighbours),
+        ("16 MB text", report.huge),
+        ("1 MiB text", report.at_limit),
+        ("300-token text", report.reference),
     ]
-    return "; ".join(parts) + f"; model server RSS +{report.model_rss_growth_mib:.0f} MiB"
+    return groups_summary(groups) + f"; model server RSS +{report.model_rss_growth_mib:.0f} MiB"
 
 
 def broken_promises(report: Report, plan: Plan) -> list[str]:
-    broken = []
-    if set(statuses(report.neighbours)) != {200} or not all(a.correct for a in report.neighbours):
-        broken.append(f"neighbours got {dict(statuses(report.neighbours))}")
-    for answer in report.huge:
-        if answer.status != 400 or "max_element_bytes" not in answer.error:
-            broken.append(f"16 MB text: {answer.status} {answer.error[:200]!r}")
-        elif answer.seconds >= plan.refused_within_s:
-            broken.append(f"16 MB text refused only after {answer.seconds:.2f} s")
+    broken = wrong_answers("neighbours", report.neighbours)
+    broken += slow_refusals(
+        "16 MB text", report.huge, 400, "max_element_bytes", plan.refused_within_s
+    )
     if not all(a.status == 200 and a.correct for a in report.at_limit + report.reference):
         broken.append(
             f"texts within the limit: {dict(statuses(report.at_limit + report.reference))}"

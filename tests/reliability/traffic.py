@@ -11,7 +11,8 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,78 @@ async def until_idle(sidecar: Sidecar, timeout_s: float) -> tuple[float, float]:
         if (queued == 0 and inflight == 0) or time.monotonic() > deadline:
             return queued, inflight
         await asyncio.sleep(0.05)
+
+
+async def post_json(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    timeout_s: float,
+    correct: Callable[[Any], bool],
+) -> Outcome:
+    """One JSON request to any route; `correct` judges a 200's document. Never raises."""
+    started = time.monotonic()
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with http.post(url, data=body, timeout=timeout) as reply:
+            document = await reply.json(content_type=None)
+            ok = reply.status == 200 and correct(document)
+            error = "" if reply.status == 200 else str(document.get("error", ""))
+            return Outcome(reply.status, time.monotonic() - started, started, ok, error)
+    except (TimeoutError, aiohttp.ClientError) as failure:
+        return Outcome(None, time.monotonic() - started, started, error=repr(failure))
+
+
+def groups_summary(groups: Sequence[tuple[str, Sequence[Outcome]]]) -> str:
+    """Statuses and latencies of each named group of outcomes."""
+    return "; ".join(
+        f"{name}: {dict(statuses(outcomes))} {latency_summary(outcomes)}"
+        for name, outcomes in groups
+    )
+
+
+# A bound on each neighbour's calls; the scenario's own rounds end it first.
+NEIGHBOUR_CALLS = 100_000
+
+
+@asynccontextmanager
+async def neighbours(
+    count: int, call: Callable[[], Awaitable[Outcome]], outcomes: list[Outcome]
+) -> AsyncIterator[None]:
+    """`count` callers, each calling `call` again and again while the block runs (at most
+    NEIGHBOUR_CALLS times), their outcomes in `outcomes`; the block starts once they flow."""
+    stop = asyncio.Event()
+
+    async def neighbour() -> None:
+        for _ in range(NEIGHBOUR_CALLS):
+            if stop.is_set():
+                return
+            outcomes.append(await call())
+
+    tasks = [asyncio.create_task(neighbour()) for _ in range(count)]
+    try:
+        await asyncio.sleep(0.5)
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+def wrong_answers(name: str, outcomes: Sequence[Outcome]) -> list[str]:
+    """The promise that each of `outcomes` is a correct 200, as broken (if it was)."""
+    if set(statuses(outcomes)) == {200} and all(outcome.correct for outcome in outcomes):
+        return []
+    return [f"{name} got {dict(statuses(outcomes))}"]
+
+
+def slow_refusals(
+    name: str, outcomes: Sequence[Outcome], status: int, words: str, within_s: float
+) -> list[str]:
+    """The promise that each of `outcomes` is `status` naming `words` within `within_s`."""
+    broken = []
+    for outcome in outcomes:
+        if outcome.status != status or words not in outcome.error:
+            broken.append(f"{name}: {outcome.status} {outcome.error[:200]!r}")
+        elif outcome.seconds >= within_s:
+            broken.append(f"{name} refused only after {outcome.seconds:.2f} s")
+    return broken

@@ -4,34 +4,41 @@ a local HTTP server and moto's S3 server. No request leaves 127.0.0.1."""
 from __future__ import annotations
 
 import functools
+import gzip
 import io
 import os
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from carpool import storage
 from carpool.processes import free_port
+from carpool.storage import MAX_FILES
 
 WEIGHTS = bytes(range(256)) * 64
 CONFIG = b'{"hidden_size": 384}\n'
 
 
-def fetch(uri: str, folder: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def fetch(
+    uri: str, folder: Path, *extra: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
     """The init container's command, as the operator renders it."""
     return subprocess.run(
         [sys.executable, "-m", "carpool.storage", uri, str(folder), *extra],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
         check=False,
         # The sandbox's own AWS settings must not leak in: only --credentials counts.
         env={k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))},
@@ -122,6 +129,92 @@ def test_an_archive_cannot_write_outside_the_folder(site: tuple[str, Path], tmp_
     assert not (tmp_path / "escaped.txt").exists()
 
 
+def files_under(folder: Path) -> set[str]:
+    return {item.relative_to(folder).as_posix() for item in folder.rglob("*") if item.is_file()}
+
+
+def index_page(*links: str) -> bytes:
+    return "".join(f'<a href="{link}">{link}</a>\n' for link in links).encode()
+
+
+def test_an_index_page_cannot_send_files_outside_the_folder(
+    site: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, root = site
+    (root / "escaped.txt").write_bytes(b"not a weight")
+    (root / "sibling").mkdir()
+    (root / "sibling" / "other.bin").write_bytes(b"not this folder's")
+    folder = root / "hostile"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_bytes(CONFIG)
+    (folder / "sub" / "model.pt").write_bytes(WEIGHTS)
+    (folder / "index.html").write_bytes(
+        index_page(
+            "config.json",
+            "sub/model.pt",
+            "../../escaped.txt",  # fsspec joins it to the folder's URL
+            "../sibling/other.bin",
+            "/escaped.txt",
+            "%2e%2e/escaped.txt",
+            "config.json?download=1",
+            "./",  # itself: read once, not walked forever
+            "../hostile/",
+            "sub/../",
+        )
+    )
+    target = tmp_path / "a" / "b" / "models"
+    done = fetch(f"{url}/hostile/", target, timeout_s=30)
+    assert done.returncode == 0, done.stderr
+    assert files_under(tmp_path) == {"a/b/models/config.json", "a/b/models/sub/model.pt"}
+
+
+def test_a_store_key_that_climbs_out_of_the_prefix_is_refused(s3: str, tmp_path: Path) -> None:
+    secret = credentials(tmp_path / "secret", s3)
+    done = fetch("s3://models/climb", tmp_path / "a" / "models", "--credentials", str(secret))
+    assert done.returncode == 1
+    assert "climb/../../x.pt" in done.stderr and "outside" in done.stderr
+    assert files_under(tmp_path / "a") == set()
+    assert not (tmp_path / "x.pt").exists()
+
+
+def big_member_tar(declared: int) -> bytes:
+    """A tar.gz whose one member's header declares `declared` bytes; only the header is sent,
+    as a bomb's first bytes arrive."""
+    info = tarfile.TarInfo("model.pt")
+    info.size = declared
+    return gzip.compress(info.tobuf(format=tarfile.GNU_FORMAT))
+
+
+def many_members_zip(count: int) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for n in range(count):
+            archive.writestr(f"shard-{n}", b"")
+    return buffer.getvalue()
+
+
+def test_an_archive_that_unpacks_past_its_bounds_is_refused(
+    site: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, root = site
+    (root / "bomb.tar.gz").write_bytes(big_member_tar(1 << 40))  # 1 TiB
+    started = time.monotonic()
+    done = fetch(f"{url}/bomb.tar.gz", tmp_path / "bomb")
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "unpacks to more than" in done.stderr, done.stderr
+    assert files_under(tmp_path / "bomb") == set()
+
+    (root / "small.tar.gz").write_bytes(tar_gz({"model.pt": WEIGHTS}))
+    done = fetch(f"{url}/small.tar.gz", tmp_path / "small", "--max-unpacked-bytes", "1000")
+    assert done.returncode == 1 and "more than 1000 bytes" in done.stderr, done.stderr
+
+    (root / "many.zip").write_bytes(many_members_zip(MAX_FILES + 1))
+    done = fetch(f"{url}/many.zip", tmp_path / "many")
+    assert done.returncode == 1 and f"more than {MAX_FILES} files" in done.stderr, done.stderr
+    assert files_under(tmp_path / "many") == set()
+
+
 def test_a_missing_file_fails_with_its_url(site: tuple[str, Path], tmp_path: Path) -> None:
     url, _ = site
     done = fetch(f"{url}/absent.pt", tmp_path / "models")
@@ -155,6 +248,8 @@ def s3() -> Iterator[str]:
         client.put_object(
             Bucket="models", Key="resnet/v3.tar.gz", Body=tar_gz({"model.pt": WEIGHTS})
         )
+        client.put_object(Bucket="models", Key="climb/model.pt", Body=WEIGHTS)
+        client.put_object(Bucket="models", Key="climb/../../x.pt", Body=WEIGHTS)
         yield endpoint
     finally:
         server.stop()
@@ -191,3 +286,13 @@ def test_s3_with_half_the_credentials_fails_in_one_line(s3: str, tmp_path: Path)
     assert done.returncode == 1
     assert "cannot fetch s3://models/resnet/v3/model.pt" in done.stderr
     assert "AWS_SECRET_ACCESS_KEY" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_archive_is_bounded_by_the_disks_free_space(
+    site: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, root = site
+    (root / "fits.tar.gz").write_bytes(tar_gz({"model.pt": WEIGHTS}))
+    monkeypatch.setattr(storage.shutil, "disk_usage", lambda _: SimpleNamespace(free=1000))
+    with pytest.raises(storage.StorageError, match=r"more than 1000 bytes \(the free space of"):
+        storage.fetch(f"{url}/fits.tar.gz", tmp_path / "models")

@@ -12,6 +12,13 @@ its `send`. A sync function runs on a worker thread. When the function raises, t
 split in halves and retried, so only the items that fail alone get the exception (the
 function must tolerate seeing the other items again). An item can also fail alone by having
 its slot in the returned list hold an Exception.
+
+The function's own bugs fail the whole batch at once, never split: an answer that is not
+one result per item (None, a generator, a list of the wrong length), and a BaseException
+it raises (SystemExit, KeyboardInterrupt), which must not end the event loop. A batch ends
+at its callers' latest deadline: a coroutine still running is cancelled (and not waited
+for); a thread cannot be, so it is left to finish on its own while new batches get fresh
+threads, at most STUCK_THREADS of them left running at once.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -44,25 +51,62 @@ from carpool.engine.pending import BatchKey
 from carpool.engine.settings import BatchingSettings
 from carpool.loop_thread import LoopThread
 
-__all__ = ["Batched", "DeadlineExceeded", "QueueFull", "SidecarError", "Unavailable", "batch"]
+__all__ = [
+    "Batched",
+    "DeadlineExceeded",
+    "FunctionAborted",
+    "QueueFull",
+    "SidecarError",
+    "Unavailable",
+    "batch",
+]
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 BatchFunction = Callable[[list[ItemT]], Awaitable[Sequence[Any]] | Sequence[Any]]
 # Seconds a closing batcher waits for queued calls to be answered.
 CLOSE_GRACE_S = 30.0
+# Calls of a sync function still running past their batch's deadline: beyond this many,
+# batches fail at once rather than start yet another thread.
+STUCK_THREADS = 8
 _OK = 200
+
+
+class FunctionAborted(SidecarError):
+    """The function raised a BaseException that is not an Exception (SystemExit, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Sender(Generic[ItemT, ResultT]):
     """The engine's BatchSender: the wrapped function instead of the model server."""
 
+    name: str
     answer: Callable[[Sequence[ItemT]], Awaitable[list[ResultT | Exception]]]
 
     async def send(self, items: Sequence[ItemT], timeout_s: float) -> Answer[ResultT | Exception]:
-        # No hop and no queue of its own: the round trip is the function's time.
-        return await self.answer(items), None
+        # No hop and no queue of its own: the round trip is the function's time, up to the
+        # batch's deadline (its callers have their answer by then). Not waited for past it,
+        # even if it ignores its cancellation: the batch's slot is free again at once.
+        call = asyncio.ensure_future(self.answer(items))
+        try:
+            done, _ = await asyncio.wait({call}, timeout=timeout_s)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if not done:
+            call.cancel()
+            call.add_done_callback(_forget)
+            raise DeadlineExceeded(
+                f"{self.name} did not answer a batch of {len(items)} within "
+                f"{1000 * timeout_s:.0f} ms"
+            )
+        return call.result(), None
+
+
+def _forget(call: asyncio.Future[Any]) -> None:
+    """Take the outcome of a call given up at its deadline, so that it is not reported."""
+    if not call.cancelled():
+        call.exception()
 
 
 class Batched(Generic[ItemT, ResultT]):
@@ -88,6 +132,8 @@ class Batched(Generic[ItemT, ResultT]):
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the engine runs on
         self._dispatcher: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        # Calls left running on their threads past their deadline.
+        self._stuck: list[Future[Any]] = []
         self._own_loop: LoopThread | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -170,28 +216,43 @@ class Batched(Generic[ItemT, ResultT]):
                 )
             if self._batcher is None:
                 self._loop = loop
-                self._batcher = Batcher(self._settings, _Sender(self._answer), self.metrics)
+                sender = _Sender(self.name, self._answer)
+                self._batcher = Batcher(self._settings, sender, self.metrics)
                 self._dispatcher = loop.create_task(self._batcher.run())
                 if not self._is_async:
-                    workers = self._settings.max_inflight_batches
-                    self._executor = ThreadPoolExecutor(workers, f"carpool-{self.name}")
+                    self._executor = self._new_executor()
             return self._batcher
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        workers = self._settings.max_inflight_batches
+        return ThreadPoolExecutor(workers, f"carpool-{self.name}")
 
     async def _answer(self, items: Sequence[ItemT]) -> list[ResultT | Exception]:
         """Each item's outcome: run the function on the batch, and on its halves if it raises."""
         plan: bisection.Plan[ItemT, ResultT | Exception] = bisection.isolate(
             items,
             failed=lambda error: error,
-            # A wrong number of results is a bug of the function: halves would not mend it.
-            splits=lambda error: not isinstance(error, BadModelResponse),
+            # A wrong answer or an exit is a bug of the function: halves would not mend it.
+            splits=lambda error: not isinstance(error, BadModelResponse | FunctionAborted),
         )
         return await bisection.run_async(plan, self._attempt)
 
     async def _attempt(self, items: Sequence[ItemT]) -> bisection.Outcome[ResultT | Exception]:
         try:
             results = await self._run(list(items))
+        except asyncio.CancelledError:
+            raise  # the batch's deadline, or the engine stopping
         except Exception as error:
             return error
+        except BaseException as error:
+            aborted = FunctionAborted(f"{self.name} raised {error!r}")
+            aborted.__cause__ = error
+            return aborted
+        if not isinstance(results, Sequence) or isinstance(results, str | bytes):
+            kind = "None" if results is None else type(results).__name__
+            return BadModelResponse(
+                f"{self.name} returned {kind}, not a list of {len(items)} results"
+            )
         if len(results) != len(items):
             return BadModelResponse(
                 f"{self.name} returned {len(results)} results for {len(items)} items"
@@ -199,12 +260,27 @@ class Batched(Generic[ItemT, ResultT]):
         # An Exception in the list is that item's failure.
         return results
 
-    async def _run(self, items: list[ItemT]) -> Sequence[Any]:
+    async def _run(self, items: list[ItemT]) -> object:
         if self._is_async:
-            return cast(Sequence[Any], await self._function(items))
-        loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(self._executor, self._function, items)
-        return cast(Sequence[Any], results)
+            return await self._function(items)
+        self._stuck = [call for call in self._stuck if not call.done()]
+        if len(self._stuck) >= STUCK_THREADS:
+            raise Unavailable(
+                f"{len(self._stuck)} calls of {self.name} still run past their deadline; "
+                "no more start until one returns"
+            )
+        assert self._executor is not None
+        call = self._executor.submit(self._function, items)
+        try:
+            return await asyncio.wrap_future(call)
+        except asyncio.CancelledError:
+            if not call.cancel() and not call.done():
+                # Running past the deadline on its thread, which cannot be stopped: later
+                # batches get threads of their own; the old ones end when their calls do.
+                self._stuck.append(call)
+                stuck, self._executor = self._executor, self._new_executor()
+                stuck.shutdown(wait=False)
+            raise
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -7,6 +7,11 @@ answers 503. SIGINT/SIGTERM stop the children (sidecar first, so it drains). If 
 serve` itself is killed, even by SIGKILL, the kernel kills the children
 (`processes.spawn(die_with_parent=True)`) and a guard removes the folder
 (`carpool.guarded_folder`).
+
+Its ports must be its own (`carpool.ports`): one another server holds is refused before
+anything starts, and the pair counts as ready only while its sidecar listens on them, so
+another server's answer to the readiness probe neither makes it say ready nor ends a crash
+loop's back-off.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import NoReturn
 
 import click
 
-from carpool import processes
+from carpool import ports, processes
 from carpool.contract import pod
 from carpool.demo import report_lines, run_demo
 from carpool.guarded_folder import guarded_folder
@@ -34,6 +40,10 @@ STOP_TIMEOUT_S = 40.0
 WATCH_S = 0.2
 # Model server flags handed on as given; --max-batch-size goes to both processes.
 MODEL_FLAGS = ["model-path", "device", "torch-threads", "max-batch-size"]
+# No load balancer to wait for locally, but a request already sent when the signal comes
+# (in the listen backlog, or on a kept-alive connection) is read only on a later turn of
+# the sidecar's loop: with no delay at all, closing the port reset it or answered 503.
+DRAIN_DELAY_S = 0.5
 
 
 @click.command("serve")
@@ -64,17 +74,25 @@ def command(
 ) -> None:
     """Run a model server and its sidecar locally, as in a pod."""
     name = model_name or handler
+    listening = {"--port": port} | ({"--grpc-port": grpc_port} if grpc_port else {})
+    if grpc_port == port:
+        _fail(f"--grpc-port {port} is --port too; give each its own")
+    for flag, number in listening.items():
+        if (why := ports.taken(host, number)) is not None:
+            _fail(
+                f"port {number} on {host} is taken ({why}): another server listens there; "
+                f"choose another with {flag}"
+            )
     model = ["model-server", "--handler", handler, "--model-name", name]
     sidecar = ["sidecar", "--model-name", name, "--host", host, "--port", str(port)]
-    # No load balancer to wait for locally: on a signal, stop accepting and drain at once.
-    sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", "0"]
+    sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", str(DRAIN_DELAY_S)]
     model += _flags(passed, MODEL_FLAGS)
     sidecar += knob_arguments(passed)
     demo = Demo(demo_clients, demo_seconds, demo_requests) if demo_load else None
     if demo is not None:
         threads = passed["torch_threads"] or "torch default"
         click.echo(f"demo load: {demo.clients} clients, torch threads: {threads}")
-    sys.exit(_serve(model, sidecar, f"http://{host}:{port}", name, demo))
+    sys.exit(_serve(model, sidecar, f"http://{host}:{port}", name, demo, list(listening.values())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +113,12 @@ def _flags(values: dict[str, object], flags: list[str]) -> list[str]:
 
 
 def _serve(
-    model_args: list[str], sidecar_args: list[str], url: str, name: str, demo: Demo | None
+    model_args: list[str],
+    sidecar_args: list[str],
+    url: str,
+    name: str,
+    demo: Demo | None,
+    owned: list[int],
 ) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -108,7 +131,9 @@ def _serve(
         ready_url = f"{url}/v2/health/ready"
 
         def ready() -> bool:
-            return processes.http_ok(ready_url)
+            # Our sidecar's answer only: not another server's on a port it took meanwhile.
+            mine = all(ports.listens(sidecar.process.pid, port) for port in owned)
+            return mine and processes.http_ok(ready_url)
 
         try:
             if not processes.wait_ready(
@@ -134,6 +159,12 @@ def _serve(
             model.tend(now, ready)
             sidecar.tend(now, ready)
         return 0
+
+
+def _fail(message: str) -> NoReturn:
+    """One line saying why `carpool serve` cannot start, before it starts anything; exit 1."""
+    _log(message)
+    sys.exit(1)
 
 
 def _child(children: ExitStack, name: str, *args: str) -> Supervised:

@@ -55,10 +55,13 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
     """Base class of every handler. Subclasses set `metadata` and implement the four steps.
 
     An input's `TensorSpec` may bound what one item can cost: `max_elements` (elements per
-    item, for variable dimensions) and `max_element_bytes` (bytes per BYTES element). The
-    model server publishes them in its metadata and the sidecar answers 400 to a request
-    over either before queueing it, so one item cannot hold the worker for longer than the
-    handler allows. `require_input` (or `check_limits`) applies them here as well.
+    item, for variable dimensions) and `max_element_bytes` (bytes per BYTES element), and
+    the values the model computes with (`minimum`, `maximum`). The model server publishes
+    them in its metadata and the sidecar answers 400 to a request over any before queueing
+    it, so one item cannot hold the worker for longer than the handler allows, nor fail in
+    the model for a value it was never able to take. `require_input` (or `check_limits`)
+    applies them here as well. A handler may set `self.metadata` in `load`, with limits that
+    follow from the model it loaded; the sidecar reads the metadata once the server is ready.
     """
 
     metadata: Metadata
@@ -133,12 +136,14 @@ def require_input(item: Item, spec: TensorSpec) -> Tensor:
 
 
 def check_limits(tensor: Tensor, spec: TensorSpec) -> None:
-    """Refuse an item over the limits `spec` declares (`max_elements`, `max_element_bytes`).
+    """Refuse an item over the limits `spec` declares (`max_elements`, `max_element_bytes`,
+    `minimum`, `maximum`).
 
     The sidecar refuses such requests before it queues them; this guards a model server
-    called directly.
+    called directly, and `carpool infer`.
     """
-    if (error := spec.limit_error(tensor.shape, tensor.data)) is not None:
+    elements = tensor.data if isinstance(tensor.data, list) else tensor.to_numpy()
+    if (error := spec.limit_error(tensor.shape, elements)) is not None:
         raise InvalidItem(error)
 
 

@@ -7,27 +7,55 @@ short prompt never pads to a long one. Settings are per item: a row stops at its
 `max_new_tokens`, end-of-sequence token or stop string, while the rest of its bucket goes on;
 `temperature` 0 is greedy. With greedy decoding every prompt gets exactly the tokens it gets
 when it runs alone.
+
+What one item may ask is bounded in the metadata, from the loaded model's context, so the
+sidecar refuses the rest before queueing: the prompt's bytes (PROMPT_BYTES_PER_TOKEN per
+token of context: tokenizing a longer one would only end in "too long", after holding the
+worker), `max_new_tokens` (the context), the stop strings' count and length, and a
+temperature the sampling computes with (any in [0, MAX_TEMPERATURE]: the logits are scaled
+in float32 after subtracting their maximum, so even a subnormal temperature gives no NaN).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from carpool.contract import generation
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import Handler, Prepared, require_input, split_valid
+from carpool_model_server.handler import (
+    Handler,
+    Prepared,
+    check_limits,
+    require_input,
+    split_valid,
+)
 
-TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,))
-MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,))
-TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,))
-STOP = TensorSpec(generation.STOP, BYTES, (-1,))
+# A prompt's bytes per token of the model's context: about 4 in English text, at most 4 per
+# character in any UTF-8 text; 16 leaves room for odd texts while a prompt past it could
+# only be refused after tokenizing it (a 16 MB prompt held the worker for 10 s and more).
+PROMPT_BYTES_PER_TOKEN = 16
+# The bound before the model is loaded, and for a model that states no context.
+MAX_PROMPT_BYTES = 1 << 20
+# Far above any useful temperature; any finite one would compute.
+MAX_TEMPERATURE = 100.0
+# Each row's stop strings are looked for after every token: their count and length bound it.
+MAX_STOP_STRINGS = 16
+MAX_STOP_BYTES = 256
+_STOP_WINDOW = MAX_STOP_BYTES + 8  # tokens
+
+TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,), max_element_bytes=MAX_PROMPT_BYTES)
+MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,), minimum=1)
+TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,), minimum=0, maximum=MAX_TEMPERATURE)
+STOP = TensorSpec(
+    generation.STOP, BYTES, (-1,), max_elements=MAX_STOP_STRINGS, max_element_bytes=MAX_STOP_BYTES
+)
 TEXT_OUTPUT = TensorSpec(generation.TEXT_OUTPUT, BYTES, (1,))
 WARMUP_PROMPT = "carpool warms up the model"
 
@@ -87,6 +115,8 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         # GPT-2 style tokenizers have no pad token; padded slots are masked out anyway.
         self.pad_id: int = pad_id if pad_id is not None else (self.eos_id or 0)
         self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.metadata = _bounded(self.metadata, self.context)
+        self.inputs = {spec.name: spec for spec in self.metadata.inputs}
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[Prompts]:
         requests, rejected = split_valid(items, self._request)
@@ -114,39 +144,43 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
     def item_length(self, item: Item) -> int:
         """Prompt tokens, for sorting items offline (`carpool infer`); 0 for a bad item."""
         try:
-            prompt = _string(require_input(item, TEXT_INPUT), TEXT_INPUT.name)
+            prompt = _string(require_input(item, self.inputs[TEXT_INPUT.name]), TEXT_INPUT.name)
         except InvalidItem:
             return 0
         return len(self.tokenizer(prompt)["input_ids"])
 
     def _request(self, item: Item) -> Request:
-        prompt = _string(require_input(item, TEXT_INPUT), TEXT_INPUT.name)
-        prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
-        if not prompt_ids:
-            raise InvalidItem(f"input {TEXT_INPUT.name!r} holds no tokens")
-        max_new = generation.DEFAULT_MAX_NEW_TOKENS
-        if MAX_NEW_TOKENS.name in item:
-            max_new = int(_number(item[MAX_NEW_TOKENS.name], MAX_NEW_TOKENS.name))
-        if max_new < 1:
-            raise InvalidItem(f"{MAX_NEW_TOKENS.name} must be at least 1, got {max_new}")
-        if len(prompt_ids) + max_new > self.context:
-            raise InvalidItem(
-                f"prompt of {len(prompt_ids)} tokens plus {max_new} new tokens exceeds the "
-                f"model's context of {self.context}"
-            )
-        temperature = 0.0
-        if TEMPERATURE.name in item:
-            temperature = float(_number(item[TEMPERATURE.name], TEMPERATURE.name))
-        if not (temperature >= 0 and np.isfinite(temperature)):
-            raise InvalidItem(f"{TEMPERATURE.name} must be finite and >= 0, got {temperature}")
+        # The cheap checks first: a refused item costs no tokenizing.
+        prompt = _string(require_input(item, self.inputs[TEXT_INPUT.name]), TEXT_INPUT.name)
+        max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_NEW_TOKENS))
+        temperature = self._setting(item, TEMPERATURE, 0.0)
         stop: tuple[str, ...] = ()
         if STOP.name in item:
             tensor = item[STOP.name]
             if tensor.datatype != BYTES or len(tensor.shape) != 1:
                 raise InvalidItem(f"input {STOP.name!r} must be a BYTES list of strings")
+            check_limits(tensor, self.inputs[STOP.name])
             assert isinstance(tensor.data, list)
             stop = tuple(s for s in (_decode(b, STOP.name) for b in tensor.data) if s)
+        prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
+        if not prompt_ids:
+            raise InvalidItem(f"input {TEXT_INPUT.name!r} holds no tokens")
+        if len(prompt_ids) + max_new > self.context:
+            raise InvalidItem(
+                f"prompt of {len(prompt_ids)} tokens plus {max_new} new tokens exceeds the "
+                f"model's context of {self.context}"
+            )
         return Request(prompt_ids, max_new, temperature, stop)
+
+    def _setting(self, item: Item, spec: TensorSpec, default: float) -> float:
+        """A one-number setting of the item, within its declared range, or the default."""
+        tensor = item.get(spec.name)
+        if tensor is None:
+            return default
+        if tensor.datatype == BYTES or tensor.element_count != 1:
+            raise InvalidItem(f"input {spec.name!r} must hold one number, got {tensor.datatype}")
+        check_limits(tensor, dataclasses.replace(self.inputs[spec.name], datatype=tensor.datatype))
+        return float(tensor.to_numpy().reshape(-1)[0])
 
     def _pad(self, requests: list[Request], rows: list[int]) -> Bucket:
         width = max(len(request.prompt_ids) for request in requests)
@@ -200,7 +234,12 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
 
 class _RowTemperature:
     """Divides each row's logits by its own temperature; a greedy row (0) keeps only its
-    argmax, so sampling it gives exactly the greedy token."""
+    argmax, so sampling it gives exactly the greedy token.
+
+    The logits are shifted so that their maximum is 0 before the division, in float32: the
+    quotients are then at most 0, never infinite at the top, and softmax gets no `inf - inf`
+    however small the temperature (a tiny one leaves only the argmax, as greedy does).
+    """
 
     def __init__(self, temperatures: list[float], device: torch.device) -> None:
         values = torch.tensor(temperatures, dtype=torch.float32, device=device)
@@ -208,14 +247,22 @@ class _RowTemperature:
         self.divisor = torch.where(self.greedy, torch.ones_like(values), values).unsqueeze(1)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scaled = scores / self.divisor.to(scores.dtype)
+        logits = scores.float()
+        top = logits.max(dim=-1, keepdim=True).values
+        scaled = (logits - top) / self.divisor
         best = scores.argmax(dim=-1, keepdim=True)
-        one_hot = torch.full_like(scores, -torch.inf).scatter(1, best, 0.0)
+        one_hot = torch.full_like(scaled, -torch.inf).scatter(1, best, 0.0)
         return torch.where(self.greedy.unsqueeze(1), one_hot, scaled)
 
 
 class _RowStop:
-    """Marks a row done at its own token limit or once its text holds one of its stop strings."""
+    """Marks a row done at its own token limit or once its text holds one of its stop strings.
+
+    Looked for after every token, so only in the row's last tokens: a stop string that
+    completes now ends in the newest token, and each token is a byte of text at least, so it
+    lies in the last MAX_STOP_BYTES tokens; a few more cover a character cut by the window's
+    start. Earlier text was looked at before.
+    """
 
     def __init__(
         self, requests: list[Request], width: int, tokenizer: Any, device: torch.device
@@ -229,7 +276,8 @@ class _RowStop:
         done = (input_ids.shape[1] - self.width) >= self.limits
         for row, request in enumerate(self.requests):
             if request.stop and not done[row]:
-                text = self.tokenizer.decode(input_ids[row, self.width :].tolist())
+                start = max(self.width, input_ids.shape[1] - _STOP_WINDOW)
+                text = self.tokenizer.decode(input_ids[row, start:].tolist())
                 done[row] = any(stop in text for stop in request.stop)
         return done
 
@@ -256,8 +304,15 @@ def _decode(data: bytes, name: str) -> str:
         raise InvalidItem(f"input {name!r} is not UTF-8 text: {error}") from None
 
 
-def _number(tensor: Tensor, name: str) -> float:
-    """A one-element numeric setting of any integer or float datatype."""
-    if tensor.datatype == BYTES or tensor.element_count != 1:
-        raise InvalidItem(f"input {name!r} must hold one number, got {tensor.datatype}")
-    return float(tensor.to_numpy().reshape(-1)[0])
+def _bounded(declared: Metadata, context: int) -> Metadata:
+    """The metadata with the limits that follow from a model of `context` tokens."""
+    prompt_bytes = min(MAX_PROMPT_BYTES, (context - 1) * PROMPT_BYTES_PER_TOKEN)
+
+    def bounded(spec: TensorSpec) -> TensorSpec:
+        if spec.name == TEXT_INPUT.name:
+            return dataclasses.replace(spec, max_element_bytes=prompt_bytes)
+        if spec.name == MAX_NEW_TOKENS.name:
+            return dataclasses.replace(spec, maximum=context - 1)  # a prompt holds a token
+        return spec
+
+    return dataclasses.replace(declared, inputs=tuple(map(bounded, declared.inputs)))

@@ -19,9 +19,11 @@ from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import Handler, Prepared, split_valid
+from carpool_model_server.handler import Handler, Prepared, check_limits, split_valid
 
-INPUT = TensorSpec("input", "FP32", (-1,))
+# The most one item may hold: 64 MiB of FP32, more than a 3 x 2048 x 2048 image.
+MAX_ITEM_ELEMENTS = 1 << 24
+INPUT = TensorSpec("input", "FP32", (-1,), max_elements=MAX_ITEM_ELEMENTS)
 OUTPUT = TensorSpec("output", "FP32", (-1,))
 
 
@@ -75,5 +77,6 @@ def _array_of(item: Item) -> npt.NDArray[np.float32]:
         raise InvalidItem(f"missing input {INPUT.name!r}; item has {sorted(item) or 'none'}")
     if tensor.datatype != INPUT.datatype:
         raise InvalidItem(f"input {INPUT.name!r} must be FP32, got {tensor.datatype}")
+    check_limits(tensor, INPUT)
     array: npt.NDArray[np.float32] = tensor.to_numpy()
     return array

@@ -1,7 +1,13 @@
-"""`carpool infer`: a handler run in process over a JSON-lines file, resumable."""
+"""`carpool infer`: a handler run in process over a JSON-lines file, resumable.
+
+It resumes only its own run: an output whose header names this input (by content), handler
+and model (`results_file`). Any other file given as --output, the input itself included, is
+refused with one line and left as it was.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -11,7 +17,14 @@ import orjson
 
 from carpool_model_server.items import result_to_json
 from carpool_model_server.offline import DEFAULT_BATCH_SIZE, BatchInference
-from carpool_model_server.results_file import answered, append, put_in_order
+from carpool_model_server.results_file import (
+    NotThisRun,
+    append,
+    header,
+    put_in_order,
+    read_input,
+    resume,
+)
 
 
 @click.command()
@@ -28,7 +41,8 @@ from carpool_model_server.results_file import answered, append, put_in_order
     "output_path",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="JSON lines, one per input line with its 0-based index; resumed if it exists.",
+    help="JSON lines: a header, then one per input line with its 0-based index; resumed if "
+    "it holds this run's header.",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE)
 @click.option("--model-path", type=click.Path(exists=True, path_type=Path), default=None)
@@ -49,25 +63,46 @@ def command(
 ) -> None:
     """Run a handler over every line of a file; results come out in input order."""
     started = time.monotonic()
-    done = answered(output_path)
-    pending: list[tuple[int, Any]] = []
-    malformed: dict[int, str] = {}
-    with input_path.open("rb") as lines:
+    lines, input_sha256 = read_input(input_path)
+    if output_path.exists():
+        if output_path.samefile(input_path):
+            raise click.ClickException(f"--output {output_path} is the input file; give another")
+        if not output_path.is_file():
+            # It is rewritten in place at the end: a device or a pipe must not be replaced.
+            raise click.ClickException(f"--output {output_path} is not a regular file")
+    try:
+        output = output_path.open("ab+")
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot write --output {output_path}: {error.strerror}"
+        ) from None
+    with output:
+        try:
+            # Held until the run ends: two runs appending to one file would answer twice.
+            fcntl.flock(output, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise click.ClickException(
+                f"--output {output_path} is being written by another carpool infer"
+            ) from None
+        try:
+            done = resume(output, header(input_sha256, handler, model_path))
+        except NotThisRun as refusal:
+            raise click.ClickException(f"--output {output_path} {refusal}") from None
+        if done:
+            click.echo(f"resuming: {len(done)} lines already answered", err=True)
+        pending: list[tuple[int, Any]] = []
         for index, line in enumerate(lines):
             if index in done:
                 continue
             try:
                 pending.append((index, orjson.loads(line)))
             except orjson.JSONDecodeError as error:
-                malformed[index] = f"line {index + 1} is not JSON: {error}"
-    if done:
-        click.echo(f"resuming: {len(done)} lines already answered", err=True)
-    with output_path.open("ab") as output:
-        for index, message in malformed.items():
-            append(output, index, {"error": message, "status": 400})
+                message = f"line {index + 1} is not JSON: {error}"
+                append(output, index, {"error": message, "status": 400})
         if pending:
             _run(handler, pending, output, batch_size, model_path, device, torch_threads, sort)
-    put_in_order(output_path)
+        output.flush()
+        put_in_order(output_path)
     click.echo(f"wrote {output_path} in {time.monotonic() - started:.1f}s", err=True)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from carpool.contract.metadata import TensorSpec
 from carpool.contract.wire import BYTES, NUMPY_DTYPES, Item, ItemResult, Tensor
@@ -47,13 +48,43 @@ def _tensor(value: Any, spec: TensorSpec) -> Tensor:
     dtype = NUMPY_DTYPES.get(spec.datatype)
     if dtype is None or spec.datatype == "BF16":
         raise InvalidItem(f"input {spec.name!r} of {spec.datatype} has no JSON form")
-    try:
-        array = np.asarray(value, dtype=dtype)
-    except (TypeError, ValueError) as error:
-        raise InvalidItem(f"input {spec.name!r} must be {spec.datatype} numbers: {error}") from None
+    array = _numbers(value, spec, dtype)
     if array.ndim == 0 and len(spec.shape) == 1:
         array = array.reshape(1)  # a bare number for a one-element input
     return Tensor.from_numpy(array, spec.datatype)
+
+
+def _numbers(value: Any, spec: TensorSpec, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """`value` as an array of `dtype`; InvalidItem for values of another kind or out of its
+    range, which a cast would wrap around, make infinite or refuse with a traceback."""
+    try:
+        raw = np.asarray(value)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidItem(f"input {spec.name!r} must be {spec.datatype} numbers: {error}") from None
+    shown = _shown(value)
+    # Python integers past 64 bits make an array of objects.
+    huge = raw.dtype.kind == "O" and all(type(v) is int for v in raw.flat)
+    if raw.dtype.kind not in _KINDS[dtype.kind] and not (huge and dtype.kind in "iu"):
+        raise InvalidItem(f"input {spec.name!r} takes {spec.datatype} numbers, got {shown}")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if huge or (raw.size and (raw.min() < info.min or raw.max() > info.max)):
+            raise InvalidItem(f"input {spec.name!r}: {shown} is out of range for {spec.datatype}")
+        return raw.astype(dtype)
+    with np.errstate(over="ignore"):
+        array = raw.astype(dtype)
+    if (np.isfinite(raw) & ~np.isfinite(array)).any():
+        raise InvalidItem(f"input {spec.name!r}: {shown} is out of range for {spec.datatype}")
+    return array
+
+
+# The array kinds a JSON value of each kind of datatype may come as.
+_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def item_length(item: Item) -> int:

@@ -188,6 +188,7 @@ class _PaddingMeter(Handler[Any, Any]):
 
     def load(self, device: torch.device) -> None:
         self.inner.load(device)
+        self.metadata = self.inner.metadata  # a handler may bound it from what it loaded
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[Any]:
         prepared = self.inner.preprocess(items)

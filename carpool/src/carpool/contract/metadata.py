@@ -11,7 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.contract.wire import DATATYPES
+import numpy as np
+import numpy.typing as npt
+
+from carpool.contract.wire import BYTES, DATATYPES
 
 
 class MetadataError(ValueError):
@@ -24,8 +27,9 @@ class TensorSpec:
 
     An input may bound what one item costs the model: `max_elements` caps the elements of
     one item (for variable dimensions), `max_element_bytes` the length of each BYTES
-    element. The sidecar refuses a request that exceeds either (400) before it queues it;
-    the model server refuses such an item too.
+    element; `minimum` and `maximum` bound the value of each element of a numeric input
+    (inclusive), to what the model can compute with. The sidecar refuses a request that
+    exceeds any of them (400) before it queues it; the model server refuses such an item too.
     """
 
     name: str
@@ -33,6 +37,8 @@ class TensorSpec:
     shape: tuple[int, ...]
     max_elements: int | None = None
     max_element_bytes: int | None = None
+    minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def variable(self) -> bool:
@@ -41,14 +47,16 @@ class TensorSpec:
     def limit_error(self, item_shape: Sequence[int], elements: object) -> str | None:
         """Why an item of `item_shape` is over this input's limits, None when within them.
 
-        `elements`: the BYTES elements of the item or of a whole request (a list of bytes);
-        anything else, e.g. a numeric buffer, has no element lengths to check.
+        `elements`: the elements of the item or of a whole request: a list of bytes (BYTES)
+        or an array in the wire dtype (numbers; BF16 as uint16 words).
         """
         if self.max_elements is not None and math.prod(item_shape) > self.max_elements:
             return (
                 f"input {self.name!r}: {math.prod(item_shape)} elements in one item, over the "
                 f"model's limit of {self.max_elements} (max_elements)"
             )
+        if isinstance(elements, np.ndarray):
+            return self._range_error(elements)
         if self.max_element_bytes is None or not isinstance(elements, list):
             return None
         longest = max(map(len, elements), default=0)
@@ -58,6 +66,20 @@ class TensorSpec:
                 f"limit of {self.max_element_bytes} bytes per element (max_element_bytes)"
             )
         return None
+
+    def _range_error(self, elements: npt.NDArray[Any]) -> str | None:
+        if (self.minimum is None and self.maximum is None) or not elements.size:
+            return None
+        values = _numbers(elements, self.datatype)
+        low = -math.inf if self.minimum is None else self.minimum
+        high = math.inf if self.maximum is None else self.maximum
+        outside = values[~((values >= low) & (values <= high))]  # NaN is outside too
+        if not outside.size:
+            return None
+        return (
+            f"input {self.name!r}: value {outside[0].item()!r} is outside the model's range "
+            f"[{_number(low)}, {_number(high)}] (minimum, maximum)"
+        )
 
     def as_v2(self) -> dict[str, Any]:
         """Open Inference Protocol form: the batch dimension prepended as -1."""
@@ -130,6 +152,20 @@ class ModelMetadata(Metadata):
 
 # The optional per-item limits of an input, as named in the document.
 LIMITS = ("max_elements", "max_element_bytes")
+# The optional bounds of an input's values, as named in the document.
+BOUNDS = ("minimum", "maximum")
+
+
+def _numbers(elements: npt.NDArray[Any], datatype: str) -> npt.NDArray[Any]:
+    """Elements as numbers: BF16 words widened to the float32 they are the top half of."""
+    if datatype == "BF16":
+        return (elements.astype(np.uint32) << 16).view(np.float32)
+    return elements
+
+
+def _number(value: float) -> str:
+    """A bound as a message writes it: 1, not 1.0."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 def _encode_spec(spec: TensorSpec) -> dict[str, Any]:
@@ -138,7 +174,7 @@ def _encode_spec(spec: TensorSpec) -> dict[str, Any]:
         "datatype": spec.datatype,
         "shape": list(spec.shape),
     }
-    for limit in LIMITS:
+    for limit in (*LIMITS, *BOUNDS):
         if (value := getattr(spec, limit)) is not None:
             document[limit] = value
     return document
@@ -148,13 +184,22 @@ def _decode_spec(raw: Any) -> TensorSpec:
     datatype = str(raw["datatype"])
     if datatype not in DATATYPES:
         raise ValueError(f"unknown datatype {datatype!r}")
-    limits = {limit: _limit(limit, raw[limit]) for limit in LIMITS if limit in raw}
+    limits: dict[str, Any] = {limit: _limit(limit, raw[limit]) for limit in LIMITS if limit in raw}
+    limits |= {bound: _bound(bound, raw[bound]) for bound in BOUNDS if bound in raw}
+    if datatype == BYTES and set(limits) & set(BOUNDS):
+        raise ValueError(f"a BYTES input has no {' or '.join(BOUNDS)}")
     return TensorSpec(str(raw["name"]), datatype, tuple(int(dim) for dim in raw["shape"]), **limits)
 
 
 def _limit(name: str, raw: Any) -> int:
     if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
         raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return raw
+
+
+def _bound(name: str, raw: Any) -> float:
+    if not isinstance(raw, int | float) or isinstance(raw, bool) or not math.isfinite(raw):
+        raise ValueError(f"{name} must be a finite number, got {raw!r}")
     return raw
 
 
