@@ -122,7 +122,9 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
     timeout_ms = headers.timeout_ms(request.headers)
     header_length = headers.json_header_length(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    infer_request = oip.parse_request(body, header_length, dataplane.bounds())
+    infer_request = await request.app[SIDECAR].converter.run(
+        len(body), lambda: oip.parse_request(body, header_length, dataplane.bounds())
+    )
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
     parts, extra = oip.encode_response(response)
     return await write_parts(request, parts, extra)
@@ -133,7 +135,10 @@ async def v1_predict(request: web.Request) -> web.Response:
     dataplane = check_model(request)
     timeout_ms = headers.timeout_ms(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    infer_request = kserve_v1.parse_request(body, dataplane.metadata(), dataplane.bounds())
+    metadata, bounds = dataplane.metadata(), dataplane.bounds()
+    infer_request = await request.app[SIDECAR].converter.run(
+        len(body), lambda: kserve_v1.parse_request(body, metadata, bounds)
+    )
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
     return web.Response(body=kserve_v1.encode_response(response), content_type="application/json")
 
@@ -244,6 +249,7 @@ async def background(app: web.Application) -> AsyncIterator[None]:
     sidecar = app[SIDECAR]
     async with supervised(sidecar.jobs(), sidecar.job_died):
         yield
+    sidecar.converter.close()
     await sidecar.client.close()
 
 

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.converting import Converter
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.forwarder import ModelBatcher, ModelServerForwarder
 from carpool_sidecar.health import ModelState
@@ -32,6 +33,7 @@ class Sidecar:
     dataplane: DataPlane
     settings_file: SettingsFile | None
     reading: ReadingBudget
+    converter: Converter
 
     def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The background tasks, by name; each runs until cancelled."""
@@ -63,5 +65,6 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     dataplane = DataPlane(config.model_name, batcher, state)
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
-        config, registry, metrics, client, state, batcher, dataplane, settings_file, reading
-    )
+        config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,
+        Converter(),
+    )  # fmt: skip

@@ -134,7 +134,7 @@ async def serve(config: SidecarConfig) -> int:
         log.info("sidecar for %r listening on %s", config.model_name, site.name)
         # gRPC: beside REST over the same data plane.
         grpc_address = f"{config.host}:{config.grpc_port} (gRPC)"
-        serving = grpc_server.serving(config, sidecar.dataplane, sidecar.metrics)
+        serving = grpc_server.serving(config, sidecar)
         await _listening(stack.enter_async_context(serving), grpc_address)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """The gRPC server's lifecycle: it serves while the block runs and stops after the drain.
 
-    async with serving(config, dataplane, metrics):
+    async with serving(config, sidecar):
         ...   # wait for SIGTERM, then drain the batcher: queued gRPC calls get answers
     # here the server has stopped, every call answered or ended
 
@@ -20,9 +20,8 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from carpool.contract.oip_grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
-from carpool.engine.metrics import SidecarMetrics
+from carpool_sidecar.build import Sidecar
 from carpool_sidecar.config import SidecarConfig
-from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc.health import HealthFollower
 from carpool_sidecar.grpc.servicer import InferenceServicer
 
@@ -47,17 +46,15 @@ def _report_early_end(task: asyncio.Task[None]) -> None:
 
 
 @asynccontextmanager
-async def serving(
-    config: SidecarConfig, dataplane: DataPlane, metrics: SidecarMetrics
-) -> AsyncIterator[None]:
+async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None]:
     """Serve `inference.GRPCInferenceService` and `grpc.health.v1.Health` on
     `config.grpc_port` while the block runs; port 0 serves nothing."""
     if not config.grpc_port:
         yield
         return
     server = grpc.aio.server(options=options(config))
-    add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, metrics), server)
-    health = HealthFollower(dataplane)
+    add_GRPCInferenceServiceServicer_to_server(InferenceServicer(sidecar), server)
+    health = HealthFollower(sidecar.dataplane)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{config.host}:{config.grpc_port}"
     try:

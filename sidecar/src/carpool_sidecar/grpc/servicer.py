@@ -27,8 +27,7 @@ from carpool.contract.oip_grpc.inference_pb2 import (
 )
 from carpool.contract.oip_grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
 from carpool.engine.errors import DeadlineExceeded, SidecarError
-from carpool.engine.metrics import SidecarMetrics
-from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.build import Sidecar
 from carpool_sidecar.grpc import codec, status
 from carpool_sidecar.grpc.status import Context
 from carpool_sidecar.inference import MODEL_VERSION
@@ -44,9 +43,10 @@ INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
 
 
 class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, metrics: SidecarMetrics) -> None:
-        self._dataplane = dataplane
-        self._metrics = metrics
+    def __init__(self, sidecar: Sidecar) -> None:
+        self._dataplane = sidecar.dataplane
+        self._metrics = sidecar.metrics
+        self._converter = sidecar.converter
 
     async def ServerLive(self, request: ServerLiveRequest, context: Context) -> ServerLiveResponse:
         return ServerLiveResponse(live=self._dataplane.live)
@@ -115,7 +115,10 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     ) -> ModelInferResponse:
         dataplane = self._dataplane
         dataplane.check_model(request.model_name, request.model_version or None)
-        infer_request = codec.parse_request(request)
+        bounds = dataplane.bounds()
+        infer_request = await self._converter.run(
+            request.ByteSize(), lambda: codec.parse_request(request, bounds)
+        )
         deadline_ms = None if remaining is None else remaining * 1000
         response = await dataplane.infer(infer_request, deadline_ms, arrived_at)
         return codec.encode_response(response)
