@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from carpool.engine.metrics import SidecarMetrics
+from carpool_sidecar.answers import AnswerBudget
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.converting import Converter
@@ -62,7 +63,8 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     if config.config_file is not None:
         settings_file = SettingsFile(Path(config.config_file), config.batching, batcher)
         settings_file.load(settings_file.read())
-    dataplane = DataPlane(config.model_name, batcher, state)
+    answers = AnswerBudget(config.max_answer_bytes, config.max_unsent_bytes)
+    dataplane = DataPlane(config.model_name, batcher, state, answers)
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
         config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,

@@ -47,6 +47,8 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         self._dataplane = sidecar.dataplane
         self._metrics = sidecar.metrics
         self._converter = sidecar.converter
+        # gRPC refuses to send a larger message: such an answer is not even built.
+        self._message_limit = sidecar.config.grpc_message_limit
 
     async def ServerLive(self, request: ServerLiveRequest, context: Context) -> ServerLiveResponse:
         return ServerLiveResponse(live=self._dataplane.live)
@@ -91,7 +93,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             # Counted before the status goes out, so a caller who reads /metrics sees it.
             with self._metrics.answering(PROTOCOL, loop.time, arrived_at) as answer:
                 try:
-                    response = await self._infer(request, arrived_at, remaining)
+                    response = await self._infer(request, context, arrived_at, remaining)
                 except asyncio.CancelledError:
                     # grpc.aio cancels the method at the deadline by its own clock, which may
                     # run a hair ahead of the loop's.
@@ -110,6 +112,7 @@ class InferenceServicer(GRPCInferenceServiceServicer):
     async def _infer(
         self,
         request: ModelInferRequest,
+        context: Context,
         arrived_at: float,
         remaining: float | None,
     ) -> ModelInferResponse:
@@ -120,7 +123,13 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             request.ByteSize(), lambda: codec.parse_request(request, bounds)
         )
         deadline_ms = None if remaining is None else remaining * 1000
-        response = await dataplane.infer(infer_request, deadline_ms, arrived_at)
+        response = await dataplane.infer(
+            infer_request, deadline_ms, arrived_at, self._message_limit
+        )
+        if (held := response.held) is not None:
+            # The call is done once grpc has sent the answer, or once it never will. (The
+            # stubs type the callback as a class of their own, which no function is.)
+            context.add_done_callback(lambda _: held.release())  # type: ignore[arg-type]
         return codec.encode_response(response)
 
     async def _check_model(self, name: str, model_version: str, context: Context) -> None:
