@@ -46,6 +46,9 @@ SCENARIOS = {
     "long_text": "test_long_text.py::test_a_huge_text_costs_no_more_than_a_256_token_one",
     "bench_unreachable": "test_bench_unreachable.py::"
     "test_bench_against_a_closed_port_stops_at_once_with_one_clear_error",
+    # The data plane at its edges (#25): answers, bodies, gRPC, model-server answers.
+    "unread_answers": "test_unread_answers.py::"
+    "test_answers_nobody_reads_are_dropped_and_the_drain_ends_on_time",
 }
 
 

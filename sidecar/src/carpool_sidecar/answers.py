@@ -11,6 +11,8 @@ never read what they asked for cannot pile answers up in the sidecar's memory.
 
 from __future__ import annotations
 
+from prometheus_client import Gauge
+
 from carpool.contract.wire import BYTES, NUMPY_DTYPES
 from carpool.engine.errors import PayloadTooLarge, Unavailable
 
@@ -55,10 +57,23 @@ def output_bytes(datatype: str, elements: int, element_bytes: int, binary: bool)
 class AnswerBudget:
     """The sidecar's bound on each answer and on the answers it holds unsent."""
 
-    def __init__(self, max_answer_bytes: int, max_unsent_bytes: int) -> None:
+    def __init__(
+        self, max_answer_bytes: int, max_unsent_bytes: int, gauge: Gauge | None = None
+    ) -> None:
         self.max_answer_bytes = max_answer_bytes
         self.max_unsent_bytes = max_unsent_bytes
-        self.unsent = 0
+        self._gauge = gauge
+        self._unsent = 0
+
+    @property
+    def unsent(self) -> int:
+        return self._unsent
+
+    @unsent.setter
+    def unsent(self, nbytes: int) -> None:
+        self._unsent = nbytes
+        if self._gauge is not None:
+            self._gauge.set(nbytes)
 
     def check(self, nbytes: int, limit: int) -> None:
         """PayloadTooLarge when an answer of `nbytes` is over this front's `limit` or the

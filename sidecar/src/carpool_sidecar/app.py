@@ -100,20 +100,6 @@ def check_model(request: web.Request) -> DataPlane:
     return dataplane
 
 
-async def write_parts(
-    request: web.Request, parts: Sequence[bytes | memoryview], extra: dict[str, str]
-) -> web.StreamResponse:
-    """Send a body given in parts (a JSON header, then binary outputs) without joining them;
-    returns once the last part has gone to the socket, so the caller knows it is sent."""
-    response = web.StreamResponse(headers=extra)
-    response.content_length = sum(len(part) for part in parts)
-    await response.prepare(request)
-    for part in parts:
-        await response.write(part)
-    await response.write_eof()
-    return response
-
-
 async def send_answer(
     request: web.Request,
     answer: InferResponse,
@@ -123,7 +109,7 @@ async def send_answer(
     once it never will be."""
     try:
         parts, extra = encode(answer)
-        return await write_parts(request, parts, extra)
+        return await request.app[SIDECAR].sending.send(request, parts, extra)
     finally:
         if answer.held is not None:
             answer.held.release()

@@ -19,6 +19,7 @@ from carpool_sidecar.forwarder import ModelBatcher, ModelServerForwarder
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.reading import ReadingBudget
 from carpool_sidecar.reload import SettingsFile
+from carpool_sidecar.sending import AnswerSending
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class Sidecar:
     settings_file: SettingsFile | None
     reading: ReadingBudget
     converter: Converter
+    sending: AnswerSending
 
     def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The background tasks, by name; each runs until cancelled."""
@@ -63,10 +65,12 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     if config.config_file is not None:
         settings_file = SettingsFile(Path(config.config_file), config.batching, batcher)
         settings_file.load(settings_file.read())
-    answers = AnswerBudget(config.max_answer_bytes, config.max_unsent_bytes)
+    answers = AnswerBudget(
+        config.max_answer_bytes, config.max_unsent_bytes, metrics.unsent_answer_bytes
+    )
     dataplane = DataPlane(config.model_name, batcher, state, answers)
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
         config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,
-        Converter(),
+        Converter(), AnswerSending(config.body_timeout_s),
     )  # fmt: skip

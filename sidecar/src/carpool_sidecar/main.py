@@ -154,6 +154,8 @@ async def serve(config: SidecarConfig) -> int:
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )
         await asyncio.sleep(config.drain_delay_seconds)
+        drained_by = loop.time() + config.drain_seconds
+        sidecar.sending.drained_by = drained_by
         # Open connections stay; each answers with Connection: close from the SIGTERM on.
         await site.stop()
         batcher = sidecar.batcher
@@ -164,5 +166,7 @@ async def serve(config: SidecarConfig) -> int:
             log.warning("drain grace over with %d items queued", batcher.queued_items)
             # Every caller still waiting gets 503 before the connections close.
             await batcher.abort()
+        # Answers still unread by the end of the grace are cut: the exit keeps its promise.
+        await sidecar.sending.finish(max(0.0, drained_by - loop.time()))
     log.info("sidecar stopped")
     return 0

@@ -37,7 +37,19 @@ def options(config: SidecarConfig) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", config.grpc_message_limit),
         # Without this a second sidecar on the same port would share its traffic silently.
         ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", int(1000 * config.body_timeout_s)),
+        ("grpc.keepalive_timeout_ms", int(1000 * config.body_timeout_s)),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", int(1000 * config.body_timeout_s)),
     ]
+
+
+def _grace(sidecar: Sidecar) -> float:
+    """Time left to send the last answers: what remains of the drain, once one ran."""
+    drained_by = sidecar.sending.drained_by
+    if drained_by is None:
+        return STOP_GRACE_S
+    return max(0.0, drained_by - asyncio.get_running_loop().time())
 
 
 def _report_early_end(task: asyncio.Task[None]) -> None:
@@ -71,5 +83,5 @@ async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None
         await health.shut_down()
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
-        await server.stop(STOP_GRACE_S)
+        await server.stop(_grace(sidecar))
         log.info("gRPC stopped")
