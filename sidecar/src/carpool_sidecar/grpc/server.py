@@ -15,11 +15,12 @@ import errno
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from carpool.contract.oip_grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
+from carpool.contract.oip_grpc import inference_pb2
 from carpool_sidecar.build import Sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.grpc.health import HealthFollower
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 
 # Past the drain every accepted call has its answer; this only bounds sending them.
 STOP_GRACE_S = 5.0
+SERVICE_DESCRIPTOR = inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+SERVICE = SERVICE_DESCRIPTOR.full_name
+RAW_METHODS = frozenset({"ModelInfer"})
 
 
 def options(config: SidecarConfig) -> list[tuple[str, int]]:
@@ -42,6 +46,21 @@ def options(config: SidecarConfig) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_time_between_pings_ms", int(1000 * config.body_timeout_s)),
     ]
+
+
+def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """Every RPC of the service, as the generated code registers them, but ModelInfer takes
+    its message undecoded: the servicer decodes it after admitting the call."""
+    handlers = {}
+    for method in SERVICE_DESCRIPTOR.methods:
+        request_type = getattr(inference_pb2, method.input_type.name)
+        response_type = getattr(inference_pb2, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in RAW_METHODS else request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+    return handlers
 
 
 def _grace(sidecar: Sidecar) -> float:
@@ -65,7 +84,9 @@ async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None
         yield
         return
     server = grpc.aio.server(options=options(config))
-    add_GRPCInferenceServiceServicer_to_server(InferenceServicer(sidecar), server)
+    handlers = method_handlers(InferenceServicer(sidecar))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
     health = HealthFollower(sidecar.dataplane)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{config.host}:{config.grpc_port}"
