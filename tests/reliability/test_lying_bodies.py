@@ -2,7 +2,8 @@
 
 What is promised (`lying_bodies.broken_promises`): each is refused (400; 413 for the rows
 declared under an escaped key; INVALID_ARGUMENT over gRPC; or 503 while the bodies being read
-hold --max-reading-bytes) within 3 s including its upload; the good client gets only correct
+hold --max-reading-bytes) within 1 s plus 2 s per 100 MiB of all of them, uploads included
+(large bodies are counted one at a time); the good client gets only correct
 200s or 503s with Retry-After, none slower than 1 s; /v2/health/live answers within
 1 s throughout; the sidecar's RSS grows by at most the bodies plus three times the largest
 (a copy or two of the one being counted) plus 64 MiB.
