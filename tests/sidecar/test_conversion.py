@@ -1,10 +1,12 @@
-"""A large body is converted off the event loop: health probes and small requests are
-answered while it converts, through a real sidecar and toy model server."""
+"""A large body is converted off the event loop, one at a time: health probes and small
+requests are answered while it converts (through a real sidecar and toy model server), and
+bodies waiting to be converted stay in the reading budget."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +14,10 @@ import aiohttp
 import orjson
 import pytest
 from support.sidecar import Sidecar, run_pair
+
+from carpool.engine.errors import Unavailable
+from carpool_sidecar.converting import INLINE_BYTES, Converter
+from carpool_sidecar.reading import ReadingBudget
 
 # Wall-clock bounds: measured alone, not beside other tests.
 pytestmark = pytest.mark.serial
@@ -76,3 +82,26 @@ async def test_a_body_that_takes_seconds_to_convert_blocks_no_probe(tmp_path: Pa
     assert max(probes) < 0.25, (
         f"probes took up to {max(probes):.2f} s while converting ({took:.2f} s)"
     )
+
+
+async def test_bodies_waiting_for_the_worker_count_in_the_reading_budget() -> None:
+    """Bodies read whole wait for the one worker: they hold their bytes in the budget until
+    converted, and past it a body is refused (503) rather than left waiting in memory."""
+    budget = ReadingBudget(max_bytes=2 * INLINE_BYTES)
+    converter = Converter(budget)
+    release = threading.Event()
+    size = INLINE_BYTES + 1
+    try:
+        first = asyncio.create_task(converter.run(size, release.wait))
+        second = asyncio.create_task(converter.run(size, lambda: True))
+        await asyncio.sleep(0.1)
+        assert budget.held == 2 * size
+        with pytest.raises(Unavailable) as refused:
+            await converter.run(size, lambda: True)
+        assert refused.value.headers == {"Retry-After": "1"}
+        release.set()
+        assert await first and await second
+        assert budget.held == 0
+    finally:
+        release.set()
+        converter.close()

@@ -72,5 +72,5 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
         config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,
-        Converter(), AnswerSending(config.body_timeout_s),
+        Converter(reading), AnswerSending(config.body_timeout_s),
     )  # fmt: skip
