@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import random
 import struct
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,15 @@ import aiohttp
 import grpc
 import numpy as np
 import orjson
-from reliability.traffic import Outcome, call, latency_summary, rows_for, rss_bytes, statuses
+from reliability.traffic import (
+    Outcome,
+    RssPeak,
+    call,
+    good_client,
+    latency_summary,
+    rows_for,
+    statuses,
+)
 from support.sidecar import Sidecar, run_pair
 
 from carpool.contract.oip_grpc.inference_pb2 import ModelInferRequest
@@ -105,14 +112,10 @@ async def _run(folder: Path, plan: Plan) -> Report:
         )
         async with aiohttp.ClientSession() as http:
             await call(http, sidecar, rows_for(random.Random(0), 2), 10)  # warm
-            report.rss_before = report.rss_peak = rss_bytes(pid)
-            sampling = threading.Event()
-            sampler = threading.Thread(target=_sample, args=(pid, report, sampling))
-            sampler.start()
             done = asyncio.Event()
-            try:
+            with RssPeak(pid) as rss:
                 background = asyncio.gather(
-                    _good_client(http, sidecar, plan, report, done),
+                    good_client(http, sidecar, plan.seed, done, report.good),
                     _prober(http, sidecar, report, done),
                 )
                 await asyncio.sleep(0.2)
@@ -132,9 +135,7 @@ async def _run(folder: Path, plan: Plan) -> Report:
                 await asyncio.sleep(0.5)
                 done.set()
                 await background
-            finally:
-                sampling.set()
-                sampler.join()
+            report.rss_before, report.rss_peak = rss.before, rss.peak
     return report
 
 
@@ -159,15 +160,6 @@ async def _grpc(sidecar: Sidecar, message: ModelInferRequest) -> tuple[str, int 
     return "gRPC typed", "OK", time.monotonic() - started
 
 
-async def _good_client(
-    http: aiohttp.ClientSession, sidecar: Sidecar, plan: Plan, report: Report, done: asyncio.Event
-) -> None:
-    rng = random.Random(plan.seed)
-    while not done.is_set():
-        report.good.append(await call(http, sidecar, rows_for(rng, 2), 10))
-        await asyncio.sleep(0.02)
-
-
 async def _prober(
     http: aiohttp.ClientSession, sidecar: Sidecar, report: Report, done: asyncio.Event
 ) -> None:
@@ -177,11 +169,6 @@ async def _prober(
             await reply.read()
         report.probes.append(time.monotonic() - started)
         await asyncio.sleep(0.02)
-
-
-def _sample(pid: int, report: Report, stop: threading.Event) -> None:
-    while not stop.wait(0.005):
-        report.rss_peak = max(report.rss_peak, rss_bytes(pid))
 
 
 def summary(report: Report) -> str:

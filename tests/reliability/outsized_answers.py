@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,11 +23,12 @@ import orjson
 from reliability.traffic import (
     WIDTH,
     Outcome,
+    RssPeak,
     body_for,
     call,
+    good_client,
     latency_summary,
     rows_for,
-    rss_bytes,
     statuses,
 )
 from support.sidecar import Sidecar, run_pair
@@ -92,13 +92,9 @@ async def _run(folder: Path, plan: Plan) -> Report:
         ):
             stub = GRPCInferenceServiceStub(channel)
             await call(http, sidecar, rows_for(random.Random(0), 2), 10)  # warm
-            report.rss_before = report.rss_peak = rss_bytes(pid)
-            sampling = threading.Event()
-            sampler = threading.Thread(target=_sample, args=(pid, report, sampling))
-            sampler.start()
             done = asyncio.Event()
-            try:
-                good = asyncio.create_task(_good_client(http, sidecar, plan, report, done))
+            with RssPeak(pid) as rss:
+                good = asyncio.create_task(good_client(http, sidecar, plan.seed, done, report.good))
                 items_before = await _batched_items(http, sidecar)
                 for _ in range(plan.rounds):
                     report.asked += await asyncio.gather(
@@ -111,9 +107,7 @@ async def _run(folder: Path, plan: Plan) -> Report:
                 await asyncio.sleep(0.5)  # the good client goes on a while
                 done.set()
                 await good
-            finally:
-                sampling.set()
-                sampler.join()
+            report.rss_before, report.rss_peak = rss.before, rss.peak
     return report
 
 
@@ -145,20 +139,6 @@ async def _batched_items(http: aiohttp.ClientSession, sidecar: Sidecar) -> float
         if line.startswith("carpool_batch_size_sum{"):
             return float(line.split()[-1])
     return 0.0
-
-
-async def _good_client(
-    http: aiohttp.ClientSession, sidecar: Sidecar, plan: Plan, report: Report, done: asyncio.Event
-) -> None:
-    rng = random.Random(plan.seed)
-    while not done.is_set():
-        report.good.append(await call(http, sidecar, rows_for(rng, 2), 10))
-        await asyncio.sleep(0.02)
-
-
-def _sample(pid: int, report: Report, stop: threading.Event) -> None:
-    while not stop.wait(0.005):
-        report.rss_peak = max(report.rss_peak, rss_bytes(pid))
 
 
 def summary(report: Report) -> str:

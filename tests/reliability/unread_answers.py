@@ -15,7 +15,6 @@ import random
 import signal
 import socket
 import sys
-import threading
 import time
 from asyncio.subprocess import PIPE
 from contextlib import AbstractContextManager
@@ -25,7 +24,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import orjson
-from reliability.traffic import Outcome, call, gauge, rows_for, rss_bytes
+from reliability.traffic import Outcome, RssPeak, call, gauge, good_client, rows_for, rss_bytes
 from support.model_server import SUPPORT_DIR
 from support.sidecar import Pair, Sidecar, run_pair
 
@@ -142,18 +141,16 @@ async def _run(folder: Path, plan: Plan) -> Report:
         pid = sidecar.process.pid
         async with aiohttp.ClientSession() as http:
             await call(http, sidecar, rows_for(random.Random(0), 2), 10)  # warm
-            report.rss_before = report.rss_peak = rss_bytes(pid)
-            sampling = threading.Event()
-            sampler = threading.Thread(target=_sample, args=(pid, report, sampling))
-            sampler.start()
-            try:
+            done = asyncio.Event()
+            with RssPeak(pid) as rss:
                 readers = [slow_reader(sidecar, body) for _ in range(plan.readers)]
-                good = asyncio.create_task(_good_client(http, sidecar, plan, report))
+                good = asyncio.create_task(good_client(http, sidecar, plan.seed, done, report.good))
                 # The answers take a few seconds to compute and send what the buffers take;
                 # then each must not outlive the body timeout by much.
                 await asyncio.sleep(plan.hold_s + 2 * plan.idle_s)
                 report.rss_held = rss_bytes(pid)
                 report.unsent_held = await gauge(sidecar, "carpool_unsent_answer_bytes")
+                done.set()
                 outcomes = await asyncio.gather(*(asyncio.to_thread(cut, sock) for sock in readers))
                 report.never_cut = outcomes.count(False)
                 for sock in readers:
@@ -161,9 +158,7 @@ async def _run(folder: Path, plan: Plan) -> Report:
                 await good
                 await asyncio.sleep(0.5)
                 report.rss_after = rss_bytes(pid)
-            finally:
-                sampling.set()
-                sampler.join()
+            report.rss_before, report.rss_peak = rss.before, rss.peak
     await _grpc_readers(folder, plan, report)
     await _sigterm_with_a_reader(folder, plan, body, report)
     return report
@@ -220,21 +215,6 @@ async def _sigterm_with_a_reader(folder: Path, plan: Plan, body: bytes, report: 
                 report.exit_seconds = time.monotonic() - started
         finally:
             reader.close()
-
-
-async def _good_client(
-    http: aiohttp.ClientSession, sidecar: Sidecar, plan: Plan, report: Report
-) -> None:
-    rng = random.Random(plan.seed)
-    until = time.monotonic() + plan.hold_s + 2 * plan.idle_s
-    while time.monotonic() < until:
-        report.good.append(await call(http, sidecar, rows_for(rng, 2), 10))
-        await asyncio.sleep(0.05)
-
-
-def _sample(pid: int, report: Report, done: threading.Event) -> None:
-    while not done.wait(0.02):
-        report.rss_peak = max(report.rss_peak, rss_bytes(pid))
 
 
 def summary(report: Report, plan: Plan) -> str:
