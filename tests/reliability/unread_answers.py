@@ -11,6 +11,7 @@ that gets SIGTERM: the drain must still end on time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import socket
@@ -182,16 +183,22 @@ async def _grpc_readers(folder: Path, plan: Plan, report: Report) -> None:
                 assert reader.stdout is not None
                 line = await reader.stdout.readline()
                 assert line.strip() == b"sent", line
-                reader.send_signal(signal.SIGSTOP)
+                _signal(reader, signal.SIGSTOP)
             await asyncio.sleep(plan.hold_s + 2 * plan.idle_s)
             report.grpc_rss_held = rss_bytes(sidecar.process.pid) - report.rss_before
             report.grpc_unsent = await gauge(sidecar, "carpool_unsent_answer_bytes")
         finally:
             for reader in readers:
-                reader.send_signal(signal.SIGCONT)
+                _signal(reader, signal.SIGCONT)
         for reader in readers:
             out, _ = await asyncio.wait_for(reader.communicate(), 60)
             report.grpc_endings.append(out.decode().split()[-1] if out.split() else "nothing")
+
+
+def _signal(reader: asyncio.subprocess.Process, signum: int) -> None:
+    # One whose whole answer came before the signal has read it and gone.
+    with contextlib.suppress(ProcessLookupError):
+        reader.send_signal(signum)
 
 
 async def _sigterm_with_a_reader(folder: Path, plan: Plan, body: bytes, report: Report) -> None:

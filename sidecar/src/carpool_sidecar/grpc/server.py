@@ -41,6 +41,10 @@ def options(config: SidecarConfig) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", config.grpc_message_limit),
         # Without this a second sidecar on the same port would share its traffic silently.
         ("grpc.so_reuseport", 0),
+        # A peer that leaves a ping unanswered for the body timeout is gone, or has stopped
+        # reading its socket with an answer unsent: its connection is closed (gRPC also sets
+        # TCP_USER_TIMEOUT from these). The last two keep pings going while no data can,
+        # as when an answer is stuck.
         ("grpc.keepalive_time_ms", int(1000 * config.body_timeout_s)),
         ("grpc.keepalive_timeout_ms", int(1000 * config.body_timeout_s)),
         ("grpc.http2.max_pings_without_data", 0),
