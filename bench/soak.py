@@ -58,6 +58,16 @@ SCENARIOS = {
     "test_a_hostile_store_writes_nothing_outside_and_nothing_unbounded",
     "long_prompt": "test_long_prompt.py::"
     "test_a_huge_prompt_is_refused_before_it_costs_the_model_anything",
+    # The data plane at its edges (#25): answers, bodies, gRPC, model-server answers.
+    "unread_answers": "test_unread_answers.py::"
+    "test_answers_nobody_reads_are_dropped_and_the_drain_ends_on_time",
+    "outsized_answers": "test_outsized_answers.py::test_an_answer_is_bounded_before_it_is_built",
+    "lying_bodies": "test_lying_bodies.py::"
+    "test_data_beyond_its_shape_is_refused_before_it_costs_a_neighbour",
+    "grpc_flood": "test_grpc_flood.py::"
+    "test_a_grpc_flood_is_refused_with_retry_after_and_counted_call_by_call",
+    "bad_model_answers": "test_bad_model_answers.py::"
+    "test_a_model_servers_bad_answers_are_502_and_its_timings_are_not_believed",
 }
 
 

@@ -106,3 +106,56 @@ def tensor_body(tensor: Any) -> bytes:
 def test_malformed_requests_are_refused(body: bytes, words: str) -> None:
     with pytest.raises(WireError, match=words):
         wire.decode_request(body)
+
+
+# Any value msgpack can carry, nested: what a broken or hostile model server might answer.
+ANY_VALUE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text()
+    | st.binary(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+RESULT = st.fixed_dictionaries(
+    {},
+    optional={
+        "error": ANY_VALUE,
+        "status": ANY_VALUE,
+        "outputs": ANY_VALUE
+        | st.dictionaries(
+            st.text(max_size=4),
+            st.fixed_dictionaries(
+                {}, optional={"datatype": ANY_VALUE, "shape": ANY_VALUE, "data": ANY_VALUE}
+            ),
+        ),
+    },
+)
+
+
+@given(
+    st.fixed_dictionaries(
+        {"results": st.lists(RESULT | ANY_VALUE, max_size=3)},
+        optional={"queued_s": ANY_VALUE, "worker_s": ANY_VALUE},
+    )
+    | ANY_VALUE
+)
+def test_any_answer_decodes_or_is_a_wire_error(document: Any) -> None:
+    """A model server's answer is input: whatever it holds, decoding gives results or a
+    WireError (which the sidecar answers with 502), never another exception."""
+    try:
+        results, _ = wire.decode_answer(msgpack.packb(document, use_bin_type=True))
+    except WireError:
+        return
+    for result in results:
+        assert isinstance(result.status, int) and not isinstance(result.status, bool)
+        assert result.error is None or isinstance(result.error, str)
+
+
+@pytest.mark.parametrize("status", ["418", 4.5, True, None, [500]])
+def test_an_error_status_that_is_no_http_status_is_a_wire_error(status: object) -> None:
+    body = msgpack.packb({"results": [{"error": "no", "status": status}]})
+    with pytest.raises(WireError, match="status"):
+        wire.decode_answer(body)

@@ -31,9 +31,10 @@ PER_ITEM_S = 0.004
 
 
 class TimedModel:
-    def __init__(self, lanes: int = 1, hop_s: float = 0.0) -> None:
+    def __init__(self, lanes: int = 1, hop_s: float = 0.0, told: BatchTiming | None = None) -> None:
         self._lanes = asyncio.Semaphore(lanes)
         self._hop_s = hop_s  # half there, half back
+        self._told = told  # the timing it claims, whatever it measured
         self.sizes: list[int] = []
         self.sent_at: list[float] = []  # loop time each batch left the sidecar
         self.answered_at: list[float] = []
@@ -60,7 +61,7 @@ class TimedModel:
             self.at_server -= 1
         self.answered_at.append(loop.time())
         # As the model server does: the wait for a lane and the time on it.
-        timing = BatchTiming(started - arrived, finished - started)
+        timing = self._told or BatchTiming(started - arrived, finished - started)
         return [ItemResult(outputs=dict(item)) for item in items], timing
 
 
@@ -124,6 +125,27 @@ async def test_one_caller_never_waits() -> None:
     assert statistics.median(extra) < 0.001, extra
     waited = registry.get_sample_value("carpool_queue_wait_seconds_sum", {"model": "m"})
     assert waited is not None and waited < 0.002 * len(latencies)
+
+
+@pytest.mark.parametrize(
+    "told",
+    [
+        BatchTiming(-0.5, -0.5),
+        BatchTiming(-1.0, 0.0),
+        BatchTiming(-0.2, 0.01),
+        BatchTiming(math.nan, 0.01),
+        BatchTiming(0.0, math.inf),
+        BatchTiming(30.0, 60.0),
+    ],
+)
+async def test_a_lone_caller_never_waits_on_timings_that_cannot_be(told: BatchTiming) -> None:
+    """A model server's timing is input: negative, infinite or longer than the round trip
+    teaches nothing, and a lone caller still waits for its batch alone."""
+    model = TimedModel(told=told)
+    latencies, _ = await closed_loop(1, 0.6, model, max_wait_ms=50)
+    at_model = [done - sent for sent, done in zip(model.sent_at, model.answered_at, strict=True)]
+    extra = [latency - spent for latency, spent in zip(latencies, at_model, strict=False)]
+    assert statistics.mean(extra) < 0.005, extra
 
 
 @pytest.mark.parametrize("lanes,inflight", [(1, 1), (1, 2), (3, 3)])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.memory import peak_bytes
 
 from carpool.contract.oip_grpc.inference_pb2 import ModelInferRequest
-from carpool.engine.errors import BadRequest
+from carpool.engine.bounds import RequestBounds
+from carpool.engine.errors import BadRequest, PayloadTooLarge
 from carpool_sidecar.grpc.codec import encode_response, parse_request
 from carpool_sidecar.inference import InferResponse
 from carpool_sidecar.tensors import RequestTensor
@@ -65,3 +67,23 @@ def test_outputs_are_raw_unless_typed_is_asked_and_possible() -> None:
     mixed = encode_response(InferResponse("m", None, [fp32, fp16], frozenset()))
     assert len(mixed.raw_output_contents) == 2
     assert not mixed.outputs[0].HasField("contents")
+
+
+def test_typed_contents_beyond_the_shape_are_refused_before_they_are_converted() -> None:
+    """A million floats for a [1, 4] tensor: counted, not converted (an object each)."""
+    request = request_with("FP32", (1, 4))
+    request.inputs[0].contents.fp32_contents.extend(np.zeros(1_000_000, np.float32))
+    peak, raised = peak_bytes(lambda: parse_request(request))
+    assert isinstance(raised, BadRequest) and "needs 4 elements, got 1000000" in raised.message
+    assert peak < 1 << 20, f"{peak >> 20} MiB"
+
+
+def test_declared_items_and_bytes_are_bounded_before_the_data_is_read() -> None:
+    bounds = RequestBounds(max_items=8, max_bytes=4096)
+    request = request_with("FP32", (9, 4))
+    with pytest.raises(PayloadTooLarge, match="9 items, more than maxQueueItems 8"):
+        parse_request(request, bounds)
+    request = request_with("FP32", (1, 4))
+    request.raw_input_contents.append(bytes(8192))
+    with pytest.raises(PayloadTooLarge, match="8192 bytes"):
+        parse_request(request, bounds)

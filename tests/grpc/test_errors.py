@@ -101,7 +101,8 @@ async def test_full_queue_is_resource_exhausted_with_retry_after(pair: Pair, stu
     await until(sidecar, "carpool_queue_items", 3)
     error = await refused(stub.ModelInfer(toy_request([[2, 2, 2, 2]])))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "queue full" in (error.details() or "")
+    # The blocker and 3 queued calls: as many as the sidecar holds items.
+    assert "queue full: 4 gRPC calls in flight" in (error.details() or "")
     trailers = dict(error.trailing_metadata() or ())
     assert int(trailers["retry-after"]) >= 1
     answers = await asyncio.gather(blocker, *queued)
@@ -164,6 +165,48 @@ def test_model_server_down_is_unavailable(tmp_path: Path) -> None:
         assert "not ready" in failed.value.details()
         assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
         assert not stub.ServerReady(service_pb2.ServerReadyRequest()).ready
+
+
+async def test_a_message_that_is_not_protobuf_is_invalid_argument(pair: Pair) -> None:
+    """Refused with one status and no traceback, where grpc's own decoding answered UNKNOWN
+    and logged seven lines per call."""
+    sidecar = pair.sidecar
+    bad_before = metric(sidecar, "carpool_requests_total", protocol="grpc", code="400")
+    async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for _ in range(3):
+            error = await refused(call(b"\xff\xff\xff\xff"))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a ModelInferRequest" in (error.details() or "")
+    assert metric(sidecar, "carpool_requests_total", protocol="grpc", code="400") == bad_before + 3
+    assert "Traceback" not in sidecar.log()
+
+
+async def test_a_flood_is_refused_with_retry_after_and_every_call_is_counted(pair: Pair) -> None:
+    """800 calls at once at a sidecar that holds 4 items: RESOURCE_EXHAUSTED with
+    retry-after for the excess, and /metrics counts every call the clients made."""
+    sidecar = pair.sidecar
+    codes = ("200", "429", "499", "504", "503")
+
+    def counted() -> float:
+        return sum(
+            metric(sidecar, "carpool_requests_total", protocol="grpc", code=code) for code in codes
+        )
+
+    before = counted()
+    async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelInfer(toy_request([[1, 1, 1, 1]]), timeout=5) for _ in range(800)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [outcome for outcome in outcomes if isinstance(outcome, grpc.aio.AioRpcError)]
+    exhausted = [e for e in errors if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert len(exhausted) > 700, {e.code() for e in errors}
+    assert all(int(dict(e.trailing_metadata() or ())["retry-after"]) >= 1 for e in exhausted)
+    assert {e.code() for e in errors} <= {
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    }
+    await asyncio.to_thread(wait_for, lambda: counted() == before + 800, 10.0, "800 counted")
 
 
 def test_message_over_the_limit_is_resource_exhausted(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -230,3 +231,40 @@ def slow_refusals(
         elif outcome.seconds >= within_s:
             broken.append(f"{name} refused only after {outcome.seconds:.2f} s")
     return broken
+
+
+async def good_client(
+    http: aiohttp.ClientSession,
+    sidecar: Sidecar,
+    seed: int,
+    done: asyncio.Event,
+    outcomes: list[Outcome],
+) -> None:
+    """A neighbour of whatever a scenario tries: two toy rows every 20 ms until `done`."""
+    rng = random.Random(seed)
+    while not done.is_set():
+        outcomes.append(await call(http, sidecar, rows_for(rng, 2), 10))
+        await asyncio.sleep(0.02)
+
+
+class RssPeak:
+    """A process's RSS as the block starts (`before`) and its highest while the block runs
+    (`peak`), which a thread samples every 5 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self.before = self.peak = rss_bytes(pid)
+        self._done = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, name="rss-peak")
+
+    def __enter__(self) -> RssPeak:
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._sampler.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, rss_bytes(self._pid))

@@ -15,7 +15,10 @@ from support.sidecar import Pair, Sidecar, get, infer, metric, run_pair, v2_body
 
 # A long window: only dispatch that sends to an idle model at once (timed, adaptive) keeps a
 # lone request from waiting for it.
-SIDECAR_ARGS = ("--max-batch-size", "8", "--max-wait-ms", "2000", "--max-body-bytes", "4096")
+SIDECAR_ARGS = (
+    *("--max-batch-size", "8", "--max-wait-ms", "2000", "--max-body-bytes", "4096"),
+    *("--max-answer-bytes", "2048"),  # 32 toy items as JSON, 128 as binary
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +107,18 @@ async def test_requested_outputs_filter(sidecar: Sidecar) -> None:
         assert status == 200 and [o["name"] for o in body["outputs"]] == ["output"]
         status, body = await infer(http, sidecar, [[1, 1, 1, 1]], outputs=[{"name": "nope"}])
         assert status == 400 and "nope" in body["error"]
+        twice = [{"name": "output"}, {"name": "output"}]
+        status, body = await infer(http, sidecar, [[1, 1, 1, 1]], outputs=twice)
+        assert status == 400 and "'output' already requested" in body["error"]
+
+
+async def test_an_answer_over_the_limit_is_refused_before_the_model_runs(sidecar: Sidecar) -> None:
+    rows = [[1.0, 2.0, 3.0, 4.0]] * 40  # a 1 KB request for up to 2,560 bytes of JSON
+    items_before = metric(sidecar, "carpool_batch_size_sum")
+    async with aiohttp.ClientSession() as http:
+        status, body = await infer(http, sidecar, rows)
+    assert status == 413 and "up to 2560 bytes, more than the limit of 2048" in body["error"]
+    assert metric(sidecar, "carpool_batch_size_sum") == items_before
 
 
 async def test_kserve_v1_predict(sidecar: Sidecar) -> None:

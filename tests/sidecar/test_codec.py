@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import struct
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.memory import peak_bytes
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.engine.bounds import UNBOUNDED, RequestBounds
 from carpool.engine.errors import BadRequest, PayloadTooLarge
 from carpool.engine.settings import BatchingSettings, ConfigError, apply_file
-from carpool_sidecar import kserve_v1
+from carpool_sidecar import counting, kserve_v1
 from carpool_sidecar.inference import InferResponse
 from carpool_sidecar.oip import HEADER_LENGTH, encode_response, parse_request
 from carpool_sidecar.tensors import (
@@ -52,8 +54,10 @@ def test_json_nested_and_flat_data_agree() -> None:
         ("FP32", ["a", "b", "c", "d"], "does not fit FP32"),
         ("FP32", [1, 2, 3], "needs 4 elements, got 3"),
         ("BYTES", [1, 2, 3, 4], "must be strings"),
-        ("BYTES", [["a", "b"], ["c"]], "must be strings"),
-        ("FP32", [[1, 2], [3]], "not a regular array"),
+        ("BYTES", [["a", "b", "c"], ["d"]], "must be strings"),
+        ("BYTES", [["a", "b"], ["c"]], "needs 4 elements, got 3"),
+        ("FP32", [[1, 2, 3], [4]], "not a regular array"),
+        ("FP32", [[1, 2], [3]], "needs 4 elements, got 3"),
         ("FP99", [1, 2, 3, 4], "unknown datatype"),
         ("UINT64", [0, 1, 2**63, -1], "out of range"),
         ("INT64", [0, 1, 2**63, 2], "out of range"),
@@ -99,7 +103,7 @@ def test_kserve_v1_64_bit_integers_are_exact() -> None:
     ("header", "message"),
     [
         ({"datatype": "FP32", "shape": [9, 4], "data": []}, "9 items, more than maxQueueItems 8"),
-        ({"datatype": "FP32", "shape": [2, 10**6], "data": []}, "2000000 elements"),
+        ({"datatype": "FP32", "shape": [2, 10**6], "data": []}, "8000000 bytes"),
         (
             {"datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 10**6}},
             "1000000 bytes",
@@ -115,13 +119,90 @@ def test_declared_items_and_bytes_are_bounded_before_the_data_is_read(
         parse_request(orjson.dumps(document), None, RequestBounds(max_items=8, max_bytes=4096))
 
 
-def test_a_json_body_declaring_too_many_items_is_refused_from_its_text() -> None:
-    """Refused before it is parsed: the data after the shape is not even valid JSON."""
-    body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [4000000, 4], "data": [0,'
-    with pytest.raises(PayloadTooLarge, match="4000000 items, more than maxQueueItems 1024"):
-        parse_request(body, None, RequestBounds(max_items=1024, max_bytes=2**30))
-    with pytest.raises(BadRequest, match="not valid JSON"):
-        parse_request(body, None, RequestBounds(max_items=2**30, max_bytes=2**40))
+def json_body(
+    datatype: str, shape: list[int], data_text: bytes, shape_key: bytes = b"shape"
+) -> bytes:
+    head = b'{"inputs": [{"name": "x", "datatype": "%s", "%s": %s, "data": ' % (
+        datatype.encode(),
+        shape_key,
+        orjson.dumps(shape),
+    )
+    return head + data_text + b"}]}"
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data_text", "message"),
+    [
+        ("FP32", b"[" + b"1.5," * 1_000_000 + b"0]", "needs 4 elements, got 1000001"),
+        ("FP32", b"[[" + b"[0,1]," * 500_000 + b"[0,1]]]", "needs 4 elements, got 1000002"),
+        ("BYTES", b"[" + b'"",' * 1_000_000 + b'""]', "needs 4 elements, got 1000001"),
+        ("BYTES", b"[" + b'"a\\\\",' * 500_000 + b'"\\""]', "needs 4 elements, got 500001"),
+        ("FP32", b"[" + b'"1",' * 1_000_000 + b'"0"]', "data holding strings does not fit FP32"),
+    ],
+)
+def test_json_data_beyond_its_shape_is_refused_before_it_is_converted(
+    datatype: str, data_text: bytes, message: str
+) -> None:
+    """Converted, a million elements would take a Python object each (tens of MB); counted
+    from the text they take a copy of it at most."""
+    body = json_body(datatype, [1, 4], data_text)
+    peak, raised = peak_bytes(lambda: parse_request(body, None))
+    assert isinstance(raised, BadRequest) and message in raised.message
+    assert peak < 2.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+def test_an_escaped_key_declares_the_shape_it_spells() -> None:
+    """`sha\\u0070e` is `shape` to a JSON parser: 1,000,000 declared rows are refused
+    before the data is converted, however the key is written."""
+    body = json_body("FP32", [1_000_000, 4], b"[" + b"0," * 3_999_999 + b"0]", rb"sha\u0070e")
+    bounds = RequestBounds(max_items=1024, max_bytes=2**30)
+    peak, raised = peak_bytes(lambda: parse_request(body, None, bounds))
+    assert isinstance(raised, PayloadTooLarge), raised
+    assert "1000000 items, more than maxQueueItems 1024" in raised.message
+    assert peak < 1.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+def test_binary_bytes_beyond_the_shape_are_refused_before_they_are_cut() -> None:
+    raw = struct.pack("<I", 0) * 1_000_000
+    header = {
+        "inputs": [
+            {
+                "name": "t",
+                "datatype": "BYTES",
+                "shape": [1, 4],
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ]
+    }
+    body, length = binary_request(header, raw)
+    peak, raised = peak_bytes(lambda: parse_request(body, length))
+    assert isinstance(raised, BadRequest) and "more than the 4 elements" in raised.message
+    assert peak < len(body) / 8, f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+JSON_SCALARS = st.integers(-(2**63), 2**63) | st.floats(allow_nan=False, allow_infinity=False)
+
+
+def nested(scalars: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4), max_leaves=20)
+
+
+def flat_count(value: Any) -> int:
+    return sum(map(flat_count, value)) if isinstance(value, list) else 1
+
+
+@given(nested(JSON_SCALARS | st.booleans()), st.sampled_from([b"", b" ", b"\n\t "]))
+def test_counting_numbers_agrees_with_a_parser(value: Any, space: bytes) -> None:
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).replace(b"\n", space)
+    assert counting.elements("x", "FP64", text, -1, strings=False) == flat_count(value)
+
+
+@given(nested(st.text(alphabet=st.sampled_from('ab ,[]"\\{}\n\u00e9'))))
+def test_counting_strings_agrees_with_a_parser(value: Any) -> None:
+    """Quotes, backslashes, commas and brackets inside the strings count for nothing."""
+    text = orjson.dumps(value)
+    count = flat_count(value)
+    assert counting.elements("x", "BYTES", text, count, strings=True) == count
 
 
 def test_binary_inputs_are_read_in_order_without_copies() -> None:

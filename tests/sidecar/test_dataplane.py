@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -13,12 +14,19 @@ from prometheus_client import CollectorRegistry
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
-from carpool.engine.errors import BadModelResponse, ModelError
+from carpool.engine.errors import (
+    BadModelResponse,
+    BadRequest,
+    ModelError,
+    PayloadTooLarge,
+    Unavailable,
+)
 from carpool.engine.metrics import SidecarMetrics
 from carpool.engine.settings import BatchingSettings
+from carpool_sidecar.answers import AnswerBudget
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.health import ModelState
-from carpool_sidecar.inference import InferRequest
+from carpool_sidecar.inference import InferRequest, InferResponse, RequestedOutput
 from carpool_sidecar.tensors import RequestTensor
 
 Answer = Callable[[Sequence[Item]], list[ItemResult]]
@@ -28,12 +36,12 @@ def echo(items: Sequence[Item]) -> list[ItemResult]:
     return [ItemResult(outputs={"y": item["x"]}) for item in items]
 
 
-def metadata(pads: bool) -> ModelMetadata:
+def metadata(pads: bool, output_shape: tuple[int, ...] = (-1,)) -> ModelMetadata:
     return ModelMetadata(
         name="m",
         platform="test",
         inputs=(TensorSpec("x", "FP32", (-1,)),),
-        outputs=(TensorSpec("y", "FP32", (-1,)),),
+        outputs=(TensorSpec("y", "FP32", output_shape),),
         max_batch_size=8,
         pads_variable_dims=pads,
     )
@@ -51,16 +59,20 @@ class Model:
 
 @asynccontextmanager
 async def dataplane(
-    answer: Answer = echo, pads: bool = False
+    answer: Answer = echo,
+    pads: bool = False,
+    answers: AnswerBudget | None = None,
+    output_shape: tuple[int, ...] = (-1,),
 ) -> AsyncIterator[tuple[DataPlane, Model]]:
     model = Model(answer)
     settings = BatchingSettings(dispatch="fixed", max_wait_ms=50)
     batcher = Batcher(settings, model, SidecarMetrics(CollectorRegistry(), "m"))
     state = ModelState()
-    state.ready, state.metadata = True, metadata(pads)
+    state.ready, state.metadata = True, metadata(pads, output_shape)
+    answers = answers or AnswerBudget(2**30, 2**30)
     runner = asyncio.create_task(batcher.run())
     try:
-        yield DataPlane("m", batcher, state), model
+        yield DataPlane("m", batcher, state, answers), model
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
@@ -73,7 +85,7 @@ def request(*rows: list[float]) -> InferRequest:
 
 async def infer_all(plane: DataPlane, *requests: InferRequest) -> list[object]:
     now = asyncio.get_running_loop().time()
-    calls = [plane.infer(each, None, now) for each in requests]
+    calls = [plane.infer(each, None, now, 2**30) for each in requests]
     return await asyncio.gather(*calls, return_exceptions=True)
 
 
@@ -110,3 +122,39 @@ async def test_outputs_that_differ_between_items_are_a_bad_model_response() -> N
     async with dataplane(ragged) as (plane, _):
         [outcome] = await infer_all(plane, request([1.0], [2.0]))
     assert isinstance(outcome, BadModelResponse) and outcome.status == 502
+
+
+async def test_an_output_requested_twice_is_refused_before_the_model_runs() -> None:
+    """Each copy would be answered, a copy each: a 0.4 MB request asked for 564 MB."""
+    twice = dataclasses.replace(request([1.0, 2.0]), outputs=[RequestedOutput("y", None)] * 2)
+    async with dataplane() as (plane, model):
+        [outcome] = await infer_all(plane, twice)
+    assert isinstance(outcome, BadRequest) and "'y' already requested" in outcome.message
+    assert model.batches == []
+
+
+@pytest.mark.parametrize(("output_shape", "runs"), [((2,), False), ((-1,), True)])
+async def test_an_answer_over_the_limit_is_refused_before_it_is_built(
+    output_shape: tuple[int, ...], runs: bool
+) -> None:
+    """8 items of 2 FP32 take up to 256 bytes of JSON, over a limit of 100: a fixed output
+    shape tells so before the model runs, a variable one once the results are in."""
+    budget = AnswerBudget(100, 2**30)
+    async with dataplane(answers=budget, output_shape=output_shape) as (plane, model):
+        [outcome] = await infer_all(plane, request(*[[1.0, 2.0]] * 8))
+    assert isinstance(outcome, PayloadTooLarge), outcome
+    assert "up to 256 bytes, more than the limit of 100" in outcome.message
+    assert bool(model.batches) == runs
+    assert budget.unsent == 0
+
+
+async def test_answers_not_yet_sent_hold_a_bounded_budget() -> None:
+    budget = AnswerBudget(2**20, 40)  # one answer of 2 FP32 as JSON: up to 32 bytes
+    async with dataplane(answers=budget) as (plane, _):
+        [first] = await infer_all(plane, request([1.0, 2.0]))
+        [second] = await infer_all(plane, request([1.0, 2.0]))
+        assert isinstance(first, InferResponse) and first.held is not None
+        assert isinstance(second, Unavailable) and second.headers == {"Retry-After": "1"}
+        first.held.release()
+        [third] = await infer_all(plane, request([1.0, 2.0]))
+    assert isinstance(third, InferResponse) and budget.unsent == 32

@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from carpool.contract import frames, wire
 from carpool.engine.errors import BadModelResponse, ModelUnreachable, Unavailable
+from carpool_sidecar.client import ModelClient
 from carpool_sidecar.frame_client import FramedBatches
 
 Frame = tuple[int, int, bytes]  # request id, code, payload
@@ -159,3 +161,23 @@ async def test_an_oversize_answer_is_a_bad_response(tmp_path: Path) -> None:
                 await batches.send(b"x", 5.0)
         finally:
             await batches.close()
+
+
+async def test_a_result_whose_status_is_no_integer_is_a_bad_response(tmp_path: Path) -> None:
+    """The model server's answer is input: a malformed result is its fault (502), not a
+    sidecar bug (500 with a traceback per batch)."""
+    answer = msgpack.packb({"results": [{"error": "broken", "status": "teapot"}]})
+
+    async def malformed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request_id, _, _ = await read_frame(reader)
+            write_frame(writer, request_id, frames.OK, answer)
+
+    http_socket = tmp_path / "m.sock"
+    async with frame_server(Path(frames.socket_for(http_socket)), malformed):
+        client = ModelClient(f"unix://{http_socket}")
+        try:
+            with pytest.raises(BadModelResponse, match="status must be an integer"):
+                await client.infer([{"x": wire.Tensor("FP32", (1,), b"\0" * 4)}], 5.0)
+        finally:
+            await client.close()

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
+from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
+from carpool_model_server.handler import Prepared, require_input
 from carpool_model_server.handler_toy import ToyHandler
 
 
@@ -49,3 +53,22 @@ class FailingLoadHandler(ToyHandler):
 
     def load(self, device: torch.device) -> None:
         raise FileNotFoundError("no weights here")
+
+
+class WideHandler(ToyHandler):
+    """The toy model's arithmetic over rows of any length (`input` FP32 [-1]): a few items
+    can carry, and be answered with, many megabytes."""
+
+    metadata = Metadata(
+        platform="carpool_wide",
+        inputs=(TensorSpec("input", "FP32", (-1,)),),
+        outputs=(TensorSpec("output", "FP32", (-1,)),),
+    )
+
+    def preprocess(self, items: Sequence[Item]) -> Prepared[torch.Tensor]:
+        # The sidecar batches rows of one length together.
+        rows = [require_input(item, self.metadata.inputs[0]).to_numpy() for item in items]
+        return Prepared(torch.from_numpy(np.stack(rows)), len(rows), {})
+
+    def example_item(self) -> Item | None:
+        return None

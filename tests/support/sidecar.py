@@ -116,6 +116,7 @@ def run_sidecar(
     model: str = "toy",
     wait_ready: bool = True,
     timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Sidecar]:
     port = free_port()
     # A free gRPC port unless the test chose one: sidecars of one run never share 8081.
@@ -125,7 +126,7 @@ def run_sidecar(
     command = processes.carpool_command("sidecar", "--model-name", model)
     command += ["--model-server", model_url, "--port", str(port), "--grpc-port", grpc_port, *args]
     log_path = tmp_path / f"sidecar-{len(list(tmp_path.glob('sidecar-*.log')))}.log"
-    process = processes.spawn(command, log_path)
+    process = processes.spawn(command, log_path, env)
     url = f"http://127.0.0.1:{port}"
     sidecar = Sidecar(process, url, model, log_path, f"127.0.0.1:{grpc_port}")
     try:
@@ -143,11 +144,15 @@ def run_pair(
     model_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     model: str = "toy",
+    sidecar_env: Mapping[str, str] | None = None,
 ) -> Iterator[Pair]:
-    """Model server (`--model-name model`) and sidecar, both ready."""
+    """Model server (`--model-name model`, environment `env`) and sidecar (`sidecar_env`),
+    both ready."""
     with (
         run_model_server(tmp_path, handler, "--model-name", model, *model_args, env=env) as server,
-        run_sidecar(tmp_path, f"unix://{server.socket}", *sidecar_args, model=model) as sidecar,
+        run_sidecar(
+            tmp_path, f"unix://{server.socket}", *sidecar_args, model=model, env=sidecar_env
+        ) as sidecar,
     ):
         yield Pair(server, sidecar)
 

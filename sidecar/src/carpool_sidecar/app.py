@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.metadata import version
 from typing import cast
 
@@ -27,7 +27,7 @@ from carpool_sidecar import operations as op
 from carpool_sidecar.build import Sidecar, build_sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.dataplane import DataPlane
-from carpool_sidecar.inference import MODEL_VERSION
+from carpool_sidecar.inference import MODEL_VERSION, InferResponse
 from carpool_sidecar.operations import Operation
 from carpool_sidecar.supervision import supervised
 
@@ -100,19 +100,19 @@ def check_model(request: web.Request) -> DataPlane:
     return dataplane
 
 
-async def write_parts(
-    request: web.Request, parts: list[bytes | memoryview], extra: dict[str, str]
+async def send_answer(
+    request: web.Request,
+    answer: InferResponse,
+    encode: Callable[[InferResponse], tuple[Sequence[bytes | memoryview], dict[str, str]]],
 ) -> web.StreamResponse:
-    """Send a body given in parts (a JSON header, then binary outputs) without joining them."""
-    if len(parts) == 1:
-        return web.Response(body=parts[0], headers=extra)
-    response = web.StreamResponse(headers=extra)
-    response.content_length = sum(len(part) for part in parts)
-    await response.prepare(request)
-    for part in parts:
-        await response.write(part)
-    await response.write_eof()
-    return response
+    """Encode and send an answer; its room in the answer budget is given back once sent, or
+    once it never will be."""
+    try:
+        parts, extra = encode(answer)
+        return await request.app[SIDECAR].sending.send(request, parts, extra)
+    finally:
+        if answer.held is not None:
+            answer.held.release()
 
 
 async def v2_infer(request: web.Request) -> web.StreamResponse:
@@ -122,20 +122,30 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
     timeout_ms = headers.timeout_ms(request.headers)
     header_length = headers.json_header_length(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    infer_request = oip.parse_request(body, header_length, dataplane.bounds())
-    response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
-    parts, extra = oip.encode_response(response)
-    return await write_parts(request, parts, extra)
+    infer_request = await request.app[SIDECAR].converter.run(
+        len(body), lambda: oip.parse_request(body, header_length, dataplane.bounds())
+    )
+    answer_limit = request.app[SIDECAR].config.max_answer_bytes
+    response = await dataplane.infer(infer_request, timeout_ms, arrived_at, answer_limit)
+    return await send_answer(request, response, oip.encode_response)
 
 
-async def v1_predict(request: web.Request) -> web.Response:
+async def v1_predict(request: web.Request) -> web.StreamResponse:
     arrived_at = asyncio.get_running_loop().time()
     dataplane = check_model(request)
     timeout_ms = headers.timeout_ms(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    infer_request = kserve_v1.parse_request(body, dataplane.metadata(), dataplane.bounds())
-    response = await dataplane.infer(infer_request, timeout_ms, arrived_at)
-    return web.Response(body=kserve_v1.encode_response(response), content_type="application/json")
+    metadata, bounds = dataplane.metadata(), dataplane.bounds()
+    infer_request = await request.app[SIDECAR].converter.run(
+        len(body), lambda: kserve_v1.parse_request(body, metadata, bounds)
+    )
+    answer_limit = request.app[SIDECAR].config.max_answer_bytes
+    response = await dataplane.infer(infer_request, timeout_ms, arrived_at, answer_limit)
+    return await send_answer(request, response, _v1_encoded)
+
+
+def _v1_encoded(response: InferResponse) -> tuple[list[bytes], dict[str, str]]:
+    return [kserve_v1.encode_response(response)], {"Content-Type": "application/json"}
 
 
 async def v2_generate(request: web.Request) -> web.Response:
@@ -244,6 +254,7 @@ async def background(app: web.Application) -> AsyncIterator[None]:
     sidecar = app[SIDECAR]
     async with supervised(sidecar.jobs(), sidecar.job_died):
         yield
+    sidecar.converter.close()
     await sidecar.client.close()
 
 

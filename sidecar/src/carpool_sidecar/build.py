@@ -10,13 +10,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from carpool.engine.metrics import SidecarMetrics
+from carpool_sidecar.answers import AnswerBudget
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.converting import Converter
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.forwarder import ModelBatcher, ModelServerForwarder
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.reading import ReadingBudget
 from carpool_sidecar.reload import SettingsFile
+from carpool_sidecar.sending import AnswerSending
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,8 @@ class Sidecar:
     dataplane: DataPlane
     settings_file: SettingsFile | None
     reading: ReadingBudget
+    converter: Converter
+    sending: AnswerSending
 
     def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The background tasks, by name; each runs until cancelled."""
@@ -60,8 +65,12 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     if config.config_file is not None:
         settings_file = SettingsFile(Path(config.config_file), config.batching, batcher)
         settings_file.load(settings_file.read())
-    dataplane = DataPlane(config.model_name, batcher, state)
+    answers = AnswerBudget(
+        config.max_answer_bytes, config.max_unsent_bytes, metrics.unsent_answer_bytes
+    )
+    dataplane = DataPlane(config.model_name, batcher, state, answers)
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
-        config, registry, metrics, client, state, batcher, dataplane, settings_file, reading
-    )
+        config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,
+        Converter(reading), AnswerSending(config.body_timeout_s),
+    )  # fmt: skip

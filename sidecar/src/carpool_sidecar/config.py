@@ -33,6 +33,10 @@ class SidecarConfig:
     body_timeout_s: float = 10.0
     # Bytes of bodies being read, across connections, beyond which new requests get 503.
     max_reading_bytes: int = 256 * 1024 * 1024
+    # The largest answer (413 above), and the bytes of answers built and not yet sent,
+    # across connections, beyond which answers get 503.
+    max_answer_bytes: int = 64 * 1024 * 1024
+    max_unsent_bytes: int = 256 * 1024 * 1024
     drain_seconds: float = DRAIN_SECONDS
     drain_delay_seconds: float = DRAIN_DELAY_SECONDS
     batching: BatchingSettings = dataclasses.field(default_factory=BatchingSettings)
@@ -51,6 +55,8 @@ class SidecarConfig:
         _at_least("max-body-bytes", self.max_body_bytes, 1)
         _at_least("body-timeout-seconds", self.body_timeout_s, 0.001)
         _at_least("max-reading-bytes", self.max_reading_bytes, 1)
+        _at_least("max-answer-bytes", self.max_answer_bytes, 1)
+        _at_least("max-unsent-bytes", self.max_unsent_bytes, 1)
         _at_least("drain-seconds", self.drain_seconds, 0)
         _at_least("drain-delay-seconds", self.drain_delay_seconds, 0)
         _at_least("grpc-port", self.grpc_port, 0)

@@ -9,7 +9,7 @@ group (BatchKey) and deadline, awaits the results and stacks them back into whol
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import overload
 
 import numpy as np
@@ -28,6 +28,7 @@ from carpool.engine.errors import (
 )
 from carpool.engine.pending import BatchKey
 from carpool_sidecar import generation
+from carpool_sidecar.answers import AnswerBudget, output_bytes
 from carpool_sidecar.forwarder import ModelBatcher
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
@@ -45,10 +46,13 @@ def length_bucket(length: int) -> int:
 
 
 class DataPlane:
-    def __init__(self, model_name: str, batcher: ModelBatcher, state: ModelState) -> None:
+    def __init__(
+        self, model_name: str, batcher: ModelBatcher, state: ModelState, answers: AnswerBudget
+    ) -> None:
         self.model_name = model_name
         self.batcher = batcher
         self.state = state
+        self.answers = answers
         # Why the sidecar cannot serve any more (a background task died), else None.
         self.broken: str | None = None
         # SIGTERM came: not ready, and every answer closes its connection.
@@ -99,18 +103,32 @@ class DataPlane:
         return arrived_at + timeout_ms / 1000
 
     async def infer(
-        self, request: InferRequest, header_timeout_ms: float | None, arrived_at: float
+        self,
+        request: InferRequest,
+        header_timeout_ms: float | None,
+        arrived_at: float,
+        answer_limit: int,
     ) -> InferResponse:
         """Answer `request`; its deadline counts from `arrived_at` (loop time), before the
-        body was read and parsed."""
+        body was read and parsed. Its answer may take `answer_limit` bytes (the front's
+        limit) and holds its room in the answer budget until the front releases it."""
         metadata = self.metadata()
         inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
         output_names = _output_names(request, metadata)
+        binary = _binary_outputs(request, output_names)
+        # Outputs of fixed shape tell the answer's size before any work is done.
+        fixed = _fixed_answer_bytes(metadata, output_names, binary, inputs[0].items)
+        self.answers.check(fixed, answer_limit)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority)
-        outputs = [stack(name, _output_of_items(name, results)) for name in output_names]
-        binary = _binary_outputs(request, output_names)
-        return InferResponse(self.model_name, request.id, outputs, binary)
+        parts = {name: _output_of_items(name, results) for name in output_names}
+        held = self.answers.hold(_answer_bytes(parts, binary), answer_limit)
+        try:
+            outputs = [stack(name, parts[name]) for name in output_names]
+        except BaseException:
+            held.release()
+            raise
+        return InferResponse(self.model_name, request.id, outputs, binary, held)
 
     async def generate(
         self, request: GenerateRequest, header_timeout_ms: float | None, arrived_at: float
@@ -200,12 +218,42 @@ def _check_limits(tensor: RequestTensor, spec: TensorSpec) -> None:
 def _output_names(request: InferRequest, metadata: ModelMetadata) -> list[str]:
     if request.outputs is None:
         return [spec.name for spec in metadata.outputs]
+    names: list[str] = []
     for output in request.outputs:
         if metadata.output(output.name) is None:
             raise BadRequest(
                 f"unknown output {output.name!r}; the model gives {_names(metadata.outputs)}"
             )
-    return [output.name for output in request.outputs]
+        if output.name in names:
+            # As Triton refuses it: each one would be answered, a copy each.
+            raise BadRequest(f"output {output.name!r} already requested")
+        names.append(output.name)
+    return names
+
+
+def _fixed_answer_bytes(
+    metadata: ModelMetadata, names: Sequence[str], binary: frozenset[str], items: int
+) -> int:
+    """The most bytes the outputs of fixed shape and numeric datatype take for `items`."""
+    total = 0
+    for name in names:
+        spec = metadata.output(name)
+        if spec is not None and spec.datatype != BYTES and not spec.variable:
+            elements = items * element_count(spec.shape)
+            total += output_bytes(spec.datatype, elements, 0, name in binary)
+    return total
+
+
+def _answer_bytes(parts: Mapping[str, Sequence[Tensor]], binary: frozenset[str]) -> int:
+    """The most bytes the answer takes, from the items' outputs, before they are joined."""
+    total = 0
+    for name, tensors in parts.items():
+        elements = sum(tensor.element_count for tensor in tensors)
+        element_bytes = sum(
+            sum(map(len, tensor.data)) for tensor in tensors if isinstance(tensor.data, list)
+        )
+        total += output_bytes(tensors[0].datatype, elements, element_bytes, name in binary)
+    return total
 
 
 def _binary_outputs(request: InferRequest, output_names: list[str]) -> frozenset[str]:

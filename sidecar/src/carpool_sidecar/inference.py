@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from carpool_sidecar.answers import Held
 from carpool_sidecar.tensors import RequestTensor
 
 # The sidecar serves one version of its model; both protocols name it.
@@ -35,3 +36,5 @@ class InferResponse:
     id: str | None
     outputs: list[RequestTensor]
     binary: frozenset[str]  # names of outputs sent as raw bytes after the JSON header
+    # Its room in the answer budget, released by the front once the answer is sent.
+    held: Held | None = None

@@ -49,6 +49,8 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("max-body-bytes", int, CONFIG.max_body_bytes, "largest request body (413 above)")
 @_option("body-timeout-seconds", float, CONFIG.body_timeout_s, "body idle this long: 408")
 @_option("max-reading-bytes", int, CONFIG.max_reading_bytes, "bodies being read: 503 above")
+@_option("max-answer-bytes", int, CONFIG.max_answer_bytes, "largest answer (413 above)")
+@_option("max-unsent-bytes", int, CONFIG.max_unsent_bytes, "answers not yet sent: 503 above")
 @_option("drain-seconds", float, CONFIG.drain_seconds, "grace to finish queued work on SIGTERM")
 @_option("drain-delay-seconds", float, CONFIG.drain_delay_seconds, "not ready, still serving")
 @_option("grpc-port", int, CONFIG.grpc_port, "gRPC (Open Inference Protocol) listen port, 0: off")
@@ -62,6 +64,8 @@ def command(
     max_body_bytes: int,
     body_timeout_seconds: float,
     max_reading_bytes: int,
+    max_answer_bytes: int,
+    max_unsent_bytes: int,
     drain_seconds: float,
     drain_delay_seconds: float,
     grpc_port: int,
@@ -82,6 +86,8 @@ def command(
             max_body_bytes=max_body_bytes,
             body_timeout_s=body_timeout_seconds,
             max_reading_bytes=max_reading_bytes,
+            max_answer_bytes=max_answer_bytes,
+            max_unsent_bytes=max_unsent_bytes,
             drain_seconds=drain_seconds,
             drain_delay_seconds=drain_delay_seconds,
             batching=batching,
@@ -134,7 +140,7 @@ async def serve(config: SidecarConfig) -> int:
         log.info("sidecar for %r listening on %s", config.model_name, site.name)
         # gRPC: beside REST over the same data plane.
         grpc_address = f"{config.host}:{config.grpc_port} (gRPC)"
-        serving = grpc_server.serving(config, sidecar.dataplane, sidecar.metrics)
+        serving = grpc_server.serving(config, sidecar)
         await _listening(stack.enter_async_context(serving), grpc_address)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -148,6 +154,8 @@ async def serve(config: SidecarConfig) -> int:
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )
         await asyncio.sleep(config.drain_delay_seconds)
+        drained_by = loop.time() + config.drain_seconds
+        sidecar.sending.drained_by = drained_by
         # Open connections stay; each answers with Connection: close from the SIGTERM on.
         await site.stop()
         batcher = sidecar.batcher
@@ -158,5 +166,7 @@ async def serve(config: SidecarConfig) -> int:
             log.warning("drain grace over with %d items queued", batcher.queued_items)
             # Every caller still waiting gets 503 before the connections close.
             await batcher.abort()
+        # Answers still unread by the end of the grace are cut: the exit keeps its promise.
+        await sidecar.sending.finish(max(0.0, drained_by - loop.time()))
     log.info("sidecar stopped")
     return 0

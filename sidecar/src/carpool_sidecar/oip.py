@@ -10,14 +10,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
-from carpool.contract.wire import DATATYPES
+from carpool.contract.wire import BYTES, DATATYPES
 from carpool.engine.bounds import UNBOUNDED, RequestBounds
 from carpool.engine.errors import BadRequest
-from carpool_sidecar.bounds import check_declared_shapes, declared_bytes
+from carpool_sidecar import counting
+from carpool_sidecar.bounds import declared_bytes
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
-from carpool_sidecar.tensors import RequestTensor, binary_bytes, from_binary, from_json, json_values
+from carpool_sidecar.tensors import (
+    RequestTensor,
+    binary_bytes,
+    check_count,
+    element_count,
+    from_binary,
+    from_json,
+    json_values,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -29,44 +39,80 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
         raise BadRequest(f"body is not valid JSON: {error}") from error
 
 
+class _Output(msgspec.Struct):
+    name: Any = None
+    parameters: dict[str, msgspec.Raw] | None = None
+
+
+class _Input(msgspec.Struct):
+    name: Any = None
+    datatype: Any = None
+    shape: Any = None
+    parameters: dict[str, msgspec.Raw] | None = None
+    # Kept as its text: counted against the shape before it is converted. Empty: absent.
+    data: msgspec.Raw = msgspec.Raw()
+
+
+class _Document(msgspec.Struct):
+    """The request's JSON as msgspec reads it: a real parser, so an escaped key is the key
+    it spells, and the parts the sidecar does not read (unknown keys and parameters, the
+    data) become no objects."""
+
+    inputs: list[_Input] | None = None
+    outputs: list[_Output] | None = None
+    id: msgspec.Raw = msgspec.Raw()
+    parameters: dict[str, msgspec.Raw] | None = None
+
+
 def parse_request(
     body: bytes | bytearray, header_length: int | None, bounds: RequestBounds = UNBOUNDED
 ) -> InferRequest:
-    """The request in `body`; its declared items and bytes are checked against `bounds`
-    before any tensor data is converted."""
+    """The request in `body`; its declared items and bytes are checked against `bounds`, and
+    each input's data against its shape, before any tensor data is converted."""
     view = memoryview(body)
     if header_length is None:
         header_length = len(body)
     if not 0 < header_length <= len(body):
         raise BadRequest(f"{HEADER_LENGTH} {header_length} does not fit a {len(body)}-byte body")
-    check_declared_shapes(view[:header_length], bounds)
-    document = loads(view[:header_length])
-    if not isinstance(document, dict):
-        raise BadRequest("request must be a JSON object")
-    parameters = parameters_of(document, "request")
-    raw_inputs = document.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
+    document = _decode(view[:header_length])
+    parameters = _parameters(document.parameters, ("binary_data_output", "priority", "timeout"))
+    if not document.inputs:
         raise BadRequest("'inputs' must be a non-empty list")
-    declared = [_declare(raw) for raw in raw_inputs]
+    declared = [_declare(raw) for raw in document.inputs]
     bounds.check_items(max(each.shape[0] for each in declared))
     bounds.check_bytes(
         sum(declared_bytes(each.datatype, each.shape, each.binary_size) for each in declared)
     )
     offset = header_length
     inputs = []
-    for each, raw in zip(declared, raw_inputs, strict=True):
-        tensor, offset = _convert(each, raw, view, offset)
+    for each, raw in zip(declared, document.inputs, strict=True):
+        tensor, offset = _convert(each, raw.data, view, offset)
         inputs.append(tensor)
     if offset != len(body):
         raise BadRequest(f"{len(body) - offset} bytes of binary data belong to no input")
     return InferRequest(
         inputs=inputs,
-        id=_optional_id(document.get("id")),
-        outputs=_outputs(document.get("outputs")),
+        id=_optional_id(document.id),
+        outputs=_outputs(document.outputs),
         binary_output=_flag(parameters, "binary_data_output"),
         priority=integer_parameter(parameters, "priority", 0),
         timeout_ms=timeout_parameter(parameters),
     )
+
+
+def _decode(header: memoryview) -> _Document:
+    try:
+        return msgspec.json.decode(header, type=_Document)
+    except msgspec.ValidationError as error:
+        raise BadRequest(f"request does not follow the protocol: {error}") from error
+    except msgspec.DecodeError as error:
+        raise BadRequest(f"body is not valid JSON: {error}") from error
+
+
+def _parameters(raw: dict[str, msgspec.Raw] | None, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The parameters the sidecar reads, decoded; the others stay text."""
+    raw = raw or {}
+    return {key: msgspec.json.decode(raw[key]) for key in keys if key in raw}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +125,14 @@ class _Declared:
     binary_size: int | None
 
 
-def _declare(raw: Any) -> _Declared:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+def _declare(raw: _Input) -> _Declared:
+    if not isinstance(raw.name, str):
         raise BadRequest("each input must be an object with a 'name'")
-    name: str = raw["name"]
-    datatype = raw.get("datatype")
+    name: str = raw.name
+    datatype = raw.datatype
     if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
-    shape = raw.get("shape")
+    shape = raw.shape
     if (
         not isinstance(shape, list)
         or not shape
@@ -95,9 +141,9 @@ def _declare(raw: Any) -> _Declared:
         raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
     if shape[0] == 0:
         raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
-    size = parameters_of(raw, f"input {name!r}").get("binary_data_size")
+    size = _parameters(raw.parameters, ("binary_data_size",)).get("binary_data_size")
     if size is None:
-        if "data" not in raw:
+        if not raw.data:
             raise BadRequest(f"input {name!r}: neither 'data' nor binary_data_size")
     elif not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BadRequest(f"input {name!r}: binary_data_size must be a byte count, got {size!r}")
@@ -105,19 +151,21 @@ def _declare(raw: Any) -> _Declared:
 
 
 def _convert(
-    declared: _Declared, raw: dict[str, Any], body: memoryview, offset: int
+    declared: _Declared, data: msgspec.Raw, body: memoryview, offset: int
 ) -> tuple[RequestTensor, int]:
     name, datatype, dims, size = (
         declared.name, declared.datatype, declared.shape, declared.binary_size
     )  # fmt: skip
     if size is None:
-        return RequestTensor(
-            name, datatype, dims, from_json(name, datatype, dims, raw["data"])
-        ), offset
+        text = bytes(data)
+        have = counting.elements(name, datatype, text, element_count(dims), datatype == BYTES)
+        check_count(name, dims, have)
+        values = from_json(name, datatype, dims, loads(text))
+        return RequestTensor(name, datatype, dims, values), offset
     if offset + size > len(body):
         raise BadRequest(f"input {name!r}: binary_data_size {size} runs past the body")
-    data = from_binary(name, datatype, dims, body[offset : offset + size])
-    return RequestTensor(name, datatype, dims, data), offset + size
+    values = from_binary(name, datatype, dims, body[offset : offset + size])
+    return RequestTensor(name, datatype, dims, values), offset + size
 
 
 def parameters_of(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -127,25 +175,28 @@ def parameters_of(raw: dict[str, Any], where: str) -> dict[str, Any]:
     return parameters
 
 
-def _outputs(raw: Any) -> list[RequestedOutput] | None:
-    if raw is None or raw == []:
+def _outputs(raw: list[_Output] | None) -> list[RequestedOutput] | None:
+    if not raw:
         return None  # every output
-    if not isinstance(raw, list):
-        raise BadRequest("'outputs' must be a list")
     outputs = []
     for entry in raw:
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        if not isinstance(entry.name, str):
             raise BadRequest("each requested output must be an object with a 'name'")
-        parameters = parameters_of(entry, f"output {entry['name']!r}")
+        parameters = _parameters(entry.parameters, ("binary_data",))
         binary = _flag(parameters, "binary_data") if "binary_data" in parameters else None
-        outputs.append(RequestedOutput(entry["name"], binary))
+        outputs.append(RequestedOutput(entry.name, binary))
     return outputs
 
 
-def _optional_id(raw: Any) -> str | None:
-    if raw is None or isinstance(raw, str):
-        return raw
-    raise BadRequest(f"'id' must be a string, got {raw!r}")
+def _optional_id(raw: msgspec.Raw) -> str | None:
+    # Decoded only when it is a string: an id of another kind becomes no object.
+    start = bytes(memoryview(raw)[:4])
+    if not start or start == b"null":
+        return None
+    if not start.startswith(b'"'):
+        raise BadRequest(f"'id' must be a string, got {start.decode(errors='replace')}...")
+    value: str = msgspec.json.decode(raw)
+    return value
 
 
 def _flag(parameters: dict[str, Any], key: str) -> bool:

@@ -61,14 +61,14 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Ar
         if not all(isinstance(element, str) for element in flat):
             raise BadRequest(f"input {name!r}: BYTES data must be strings")
         elements = [element.encode() for element in flat]
-        _check_count(name, shape, len(elements))
+        check_count(name, shape, len(elements))
         return elements
     try:
         raw = np.asarray(data)
     except (ValueError, TypeError) as error:
         raise BadRequest(f"input {name!r}: data is not a regular array: {error}") from error
     raw = raw.ravel()
-    _check_count(name, shape, raw.size)
+    check_count(name, shape, raw.size)
     if datatype == "BF16":
         _require_kind(name, datatype, raw, "iuf")
         return float32_to_bf16(raw.astype(np.float32))
@@ -94,8 +94,8 @@ def from_binary(
 ) -> Array | list[bytes]:
     """Read a tensor of the binary data extension; numeric data is not copied."""
     if datatype == BYTES:
-        elements = parse_length_prefixed(name, raw)
-        _check_count(name, shape, len(elements))
+        elements = parse_length_prefixed(name, raw, element_count(shape))
+        check_count(name, shape, len(elements))
         return elements
     dtype = NUMPY_DTYPES[datatype]
     if len(raw) % dtype.itemsize:
@@ -103,16 +103,19 @@ def from_binary(
             f"input {name!r}: {len(raw)} bytes is not a whole number of {datatype} elements"
         )
     array = np.frombuffer(raw, dtype=dtype)
-    _check_count(name, shape, array.size)
+    check_count(name, shape, array.size)
     return array
 
 
-def parse_length_prefixed(name: str, raw: memoryview) -> list[bytes]:
-    """BYTES in the binary extension: each element is a 4-byte little-endian length, then data."""
+def parse_length_prefixed(name: str, raw: memoryview, most: int) -> list[bytes]:
+    """BYTES in the binary extension: each element is a 4-byte little-endian length, then data.
+    At most `most` elements are read: BadRequest once the data holds more."""
     elements: list[bytes] = []
     offset = 0
     end = len(raw)
     while offset < end:
+        if len(elements) == most:
+            raise BadRequest(f"input {name!r}: more than the {most} elements its shape holds")
         if offset + 4 > end:
             raise BadRequest(f"input {name!r}: truncated BYTES length prefix")
         (length,) = _LENGTH.unpack_from(raw, offset)
@@ -196,7 +199,7 @@ def stack(name: str, parts: Sequence[Tensor]) -> RequestTensor:
     )
 
 
-def _check_count(name: str, shape: Sequence[int], have: int) -> None:
+def check_count(name: str, shape: Sequence[int], have: int) -> None:
     want = element_count(shape)
     if have != want:
         raise BadRequest(f"input {name!r}: shape {list(shape)} needs {want} elements, got {have}")

@@ -162,10 +162,19 @@ def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
 def _unpack_tensor(raw: Any) -> Tensor:
     try:
         tensor = Tensor(str(raw["datatype"]), tuple(int(d) for d in raw["shape"]), raw["data"])
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise WireError(f"malformed tensor: {error}") from error
     tensor.check()
     return tensor
+
+
+def _unpack_failure(raw: dict[Any, Any]) -> ItemResult:
+    message, status = raw["error"], raw.get("status", 500)
+    if not isinstance(message, str):
+        raise WireError(f"an item's error must be a string, got {type(message).__name__}")
+    if not isinstance(status, int) or isinstance(status, bool):
+        raise WireError(f"an item's status must be an integer, got {status!r:.50}")
+    return ItemResult.failed(message, status)
 
 
 def _unpack_tensors(raw: Any) -> dict[str, Tensor]:
@@ -226,7 +235,7 @@ def decode_answer(body: bytes) -> tuple[list[ItemResult], BatchTiming | None]:
         if not isinstance(raw, dict):
             raise WireError("each result must be a map")
         if "error" in raw:
-            results.append(ItemResult.failed(str(raw["error"]), int(raw.get("status", 500))))
+            results.append(_unpack_failure(raw))
         else:
             results.append(ItemResult(outputs=_unpack_tensors(raw.get("outputs"))))
     queued, worker = document.get("queued_s"), document.get("worker_s")

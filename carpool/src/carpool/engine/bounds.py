@@ -21,14 +21,6 @@ class RequestBounds:
                 f"request has {items} items, more than maxQueueItems {self.max_items}"
             )
 
-    def check_elements(self, elements: int) -> None:
-        """Each element takes a byte at least: more elements than maxQueueBytes never fit."""
-        if elements > self.max_bytes:
-            raise PayloadTooLarge(
-                f"request declares {elements} elements, more than maxQueueBytes "
-                f"{self.max_bytes} bytes can hold"
-            )
-
     def check_bytes(self, nbytes: int) -> None:
         if nbytes > self.max_bytes:
             raise PayloadTooLarge(

@@ -74,6 +74,12 @@ class SidecarMetrics:
             ["model"],
             registry=registry,
         ).labels(model)
+        self.unsent_answer_bytes = Gauge(
+            "carpool_unsent_answer_bytes",
+            "Bytes of answers built and not yet sent (--max-unsent-bytes bounds them).",
+            ["model"],
+            registry=registry,
+        ).labels(model)
         self.rejected = Counter(
             "carpool_rejected_total",
             "Requests refused or dropped before reaching the model, by reason.",

@@ -8,7 +8,8 @@ round trip adds to the model server's own time, there and back. The worker runs 
 at a time, so each running batch is predicted to start once it has arrived and been
 prepared, or once the one before it ends, whichever is later; the next batch should leave
 half a hop and its preparation before the last running one ends. A sender that does not time
-its batches (an in-process function) counts the whole round trip as the worker's.
+its batches (an in-process function), or whose timing cannot be (negative, not finite, longer
+than the round trip), counts the whole round trip as the worker's.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class ModelTimeline:
         batch = self._running.pop(token)
         if learn:
             round_trip = now - batch.sent_at
-            if timing is None:
+            if timing is None or not _possible(timing, round_trip):
                 timing = BatchTiming(0.0, round_trip)
             self.worker.record(batch.size, timing.worker_s)
             if batch.alone:
@@ -106,3 +107,11 @@ class ModelTimeline:
         if self.prepare.known:
             fixed += self.prepare.fixed_s
         return fixed
+
+
+def _possible(timing: BatchTiming, round_trip: float) -> bool:
+    """Whether the model server's account fits in the round trip the sidecar measured: a
+    negative, infinite or longer one is no measurement (a broken or lying model server),
+    and learning it would hold batches back or send them early."""
+    spent = timing.queued_s + timing.worker_s
+    return timing.queued_s >= 0 and timing.worker_s >= 0 and spent <= round_trip

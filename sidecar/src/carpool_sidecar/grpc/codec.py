@@ -20,13 +20,15 @@ from carpool.contract.oip_grpc.inference_pb2 import (
     ModelInferResponse,
 )
 from carpool.contract.wire import BYTES, DATATYPES
+from carpool.engine.bounds import UNBOUNDED, RequestBounds
 from carpool.engine.errors import BadRequest
+from carpool_sidecar.bounds import declared_bytes
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool_sidecar.tensors import (
     Array,
     RequestTensor,
     binary_bytes,
-    element_count,
+    check_count,
     from_binary,
     from_json,
 )
@@ -58,8 +60,10 @@ FIELD_DTYPES: dict[str, str] = {
 }
 
 
-def parse_request(message: ModelInferRequest) -> InferRequest:
-    """The sidecar's request for a ModelInferRequest; BadRequest names what is wrong."""
+def parse_request(message: ModelInferRequest, bounds: RequestBounds = UNBOUNDED) -> InferRequest:
+    """The sidecar's request for a ModelInferRequest; BadRequest names what is wrong. Its
+    declared items and bytes are checked against `bounds`, and each input's data against its
+    shape, before any tensor data is converted."""
     if not message.inputs:
         raise BadRequest("'inputs' must not be empty")
     raw = message.raw_input_contents
@@ -68,8 +72,17 @@ def parse_request(message: ModelInferRequest) -> InferRequest:
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs; "
             "give it for every input or for none"
         )
+    shapes = [_shape(tensor) for tensor in message.inputs]
+    bounds.check_items(max(shape[0] for shape in shapes))
+    bounds.check_bytes(
+        sum(
+            declared_bytes(tensor.datatype, shape, len(raw[index]) if raw else None)
+            for index, (tensor, shape) in enumerate(zip(message.inputs, shapes, strict=True))
+        )
+    )
     inputs = [
-        _input(tensor, raw[index] if raw else None) for index, tensor in enumerate(message.inputs)
+        _input(tensor, shape, raw[index] if raw else None)
+        for index, (tensor, shape) in enumerate(zip(message.inputs, shapes, strict=True))
     ]
     parameters = message.parameters
     outputs = [
@@ -86,16 +99,24 @@ def parse_request(message: ModelInferRequest) -> InferRequest:
     )
 
 
-def _input(tensor: ModelInferRequest.InferInputTensor, raw: bytes | None) -> RequestTensor:
+def _shape(tensor: ModelInferRequest.InferInputTensor) -> tuple[int, ...]:
+    """The input's declared shape, once its datatype and shape are known good."""
     name = tensor.name
-    datatype = tensor.datatype
-    if datatype not in DATATYPES:
-        raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
+    if tensor.datatype not in DATATYPES:
+        raise BadRequest(f"input {name!r}: unknown datatype {tensor.datatype!r}")
     dims = tuple(tensor.shape)
     if not dims or any(dim < 0 for dim in dims):
         raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
     if dims[0] == 0:
         raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
+    return dims
+
+
+def _input(
+    tensor: ModelInferRequest.InferInputTensor, dims: tuple[int, ...], raw: bytes | None
+) -> RequestTensor:
+    name = tensor.name
+    datatype = tensor.datatype
     if raw is not None:
         return RequestTensor(
             name, datatype, dims, from_binary(name, datatype, dims, memoryview(raw))
@@ -113,14 +134,10 @@ def _typed(
     if strays:
         raise BadRequest(f"input {name!r}: {datatype} data belongs in {field}, not {strays}")
     values = getattr(contents, field)
+    # Counted before converted: the conversion makes an object per element.
+    check_count(name, dims, len(values))
     if datatype == BYTES:
-        elements = list(values)
-        if len(elements) != element_count(dims):
-            raise BadRequest(
-                f"input {name!r}: shape {list(dims)} needs {element_count(dims)} elements, "
-                f"got {len(elements)}"
-            )
-        return elements
+        return list(values)
     # In the field's own type first (uint64 values above 2**63 would turn float), then
     # from_json checks the count and the range of narrower types, as for JSON data.
     return from_json(name, datatype, dims, np.asarray(values, dtype=FIELD_DTYPES[field]))

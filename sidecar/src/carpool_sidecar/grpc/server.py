@@ -1,6 +1,6 @@
 """The gRPC server's lifecycle: it serves while the block runs and stops after the drain.
 
-    async with serving(config, dataplane, metrics):
+    async with serving(config, sidecar):
         ...   # wait for SIGTERM, then drain the batcher: queued gRPC calls get answers
     # here the server has stopped, every call answered or ended
 
@@ -15,14 +15,14 @@ import errno
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
-from carpool.contract.oip_grpc.inference_pb2_grpc import add_GRPCInferenceServiceServicer_to_server
-from carpool.engine.metrics import SidecarMetrics
+from carpool.contract.oip_grpc import inference_pb2
+from carpool_sidecar.build import Sidecar
 from carpool_sidecar.config import SidecarConfig
-from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc.health import HealthFollower
 from carpool_sidecar.grpc.servicer import InferenceServicer
 
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 # Past the drain every accepted call has its answer; this only bounds sending them.
 STOP_GRACE_S = 5.0
+SERVICE_DESCRIPTOR = inference_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+SERVICE = SERVICE_DESCRIPTOR.full_name
+RAW_METHODS = frozenset({"ModelInfer"})
 
 
 def options(config: SidecarConfig) -> list[tuple[str, int]]:
@@ -38,7 +41,38 @@ def options(config: SidecarConfig) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", config.grpc_message_limit),
         # Without this a second sidecar on the same port would share its traffic silently.
         ("grpc.so_reuseport", 0),
+        # A peer that leaves a ping unanswered for the body timeout is gone, or has stopped
+        # reading its socket with an answer unsent: its connection is closed (gRPC also sets
+        # TCP_USER_TIMEOUT from these). The last two keep pings going while no data can,
+        # as when an answer is stuck.
+        ("grpc.keepalive_time_ms", int(1000 * config.body_timeout_s)),
+        ("grpc.keepalive_timeout_ms", int(1000 * config.body_timeout_s)),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_time_between_pings_ms", int(1000 * config.body_timeout_s)),
     ]
+
+
+def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """Every RPC of the service, as the generated code registers them, but ModelInfer takes
+    its message undecoded: the servicer decodes it after admitting the call."""
+    handlers = {}
+    for method in SERVICE_DESCRIPTOR.methods:
+        request_type = getattr(inference_pb2, method.input_type.name)
+        response_type = getattr(inference_pb2, method.output_type.name)
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name),
+            request_deserializer=None if method.name in RAW_METHODS else request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+    return handlers
+
+
+def _grace(sidecar: Sidecar) -> float:
+    """Time left to send the last answers: what remains of the drain, once one ran."""
+    drained_by = sidecar.sending.drained_by
+    if drained_by is None:
+        return STOP_GRACE_S
+    return max(0.0, drained_by - asyncio.get_running_loop().time())
 
 
 def _report_early_end(task: asyncio.Task[None]) -> None:
@@ -47,17 +81,17 @@ def _report_early_end(task: asyncio.Task[None]) -> None:
 
 
 @asynccontextmanager
-async def serving(
-    config: SidecarConfig, dataplane: DataPlane, metrics: SidecarMetrics
-) -> AsyncIterator[None]:
+async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None]:
     """Serve `inference.GRPCInferenceService` and `grpc.health.v1.Health` on
     `config.grpc_port` while the block runs; port 0 serves nothing."""
     if not config.grpc_port:
         yield
         return
     server = grpc.aio.server(options=options(config))
-    add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, metrics), server)
-    health = HealthFollower(dataplane)
+    handlers = method_handlers(InferenceServicer(sidecar))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+    health = HealthFollower(sidecar.dataplane)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     address = f"{config.host}:{config.grpc_port}"
     try:
@@ -74,5 +108,5 @@ async def serving(
         await health.shut_down()
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
-        await server.stop(STOP_GRACE_S)
+        await server.stop(_grace(sidecar))
         log.info("gRPC stopped")

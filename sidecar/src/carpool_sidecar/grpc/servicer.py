@@ -11,6 +11,8 @@ import asyncio
 import logging
 from importlib.metadata import version
 
+from google.protobuf.message import DecodeError
+
 from carpool.contract.oip_grpc.inference_pb2 import (
     ModelInferRequest,
     ModelInferResponse,
@@ -25,13 +27,13 @@ from carpool.contract.oip_grpc.inference_pb2 import (
     ServerReadyRequest,
     ServerReadyResponse,
 )
-from carpool.contract.oip_grpc.inference_pb2_grpc import GRPCInferenceServiceServicer
-from carpool.engine.errors import DeadlineExceeded, SidecarError
-from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.bounds import RequestBounds
+from carpool.engine.errors import BadRequest, DeadlineExceeded, QueueFull, SidecarError
+from carpool_sidecar.build import Sidecar
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc import codec, status
 from carpool_sidecar.grpc.status import Context
-from carpool_sidecar.inference import MODEL_VERSION
+from carpool_sidecar.inference import MODEL_VERSION, InferRequest
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +45,27 @@ CLOCK_SLACK_S = 0.01
 INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
 
 
-class InferenceServicer(GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, metrics: SidecarMetrics) -> None:
-        self._dataplane = dataplane
-        self._metrics = metrics
+def _parsed(message: bytes, dataplane: DataPlane, bounds: RequestBounds) -> InferRequest:
+    """The sidecar's request from a message, once it is decoded and names the served model."""
+    try:
+        request = ModelInferRequest.FromString(message)
+    except DecodeError as error:
+        raise BadRequest(f"the message is not a ModelInferRequest: {error}") from None
+    dataplane.check_model(request.model_name, request.model_version or None)
+    return codec.parse_request(request, bounds)
+
+
+class InferenceServicer:
+    """Every RPC of `inference.GRPCInferenceService` (`server.method_handlers` registers
+    them by name)."""
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self._dataplane = sidecar.dataplane
+        self._metrics = sidecar.metrics
+        self._converter = sidecar.converter
+        self._calls = 0  # ModelInfer calls in flight
+        # gRPC refuses to send a larger message: such an answer is not even built.
+        self._message_limit = sidecar.config.grpc_message_limit
 
     async def ServerLive(self, request: ServerLiveRequest, context: Context) -> ServerLiveResponse:
         return ServerLiveResponse(live=self._dataplane.live)
@@ -82,7 +101,10 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             outputs=[tensor(**spec.as_v2()) for spec in metadata.outputs],
         )
 
-    async def ModelInfer(self, request: ModelInferRequest, context: Context) -> ModelInferResponse:
+    async def ModelInfer(self, message: bytes, context: Context) -> ModelInferResponse:
+        """Takes the message undecoded (see `server`): a call refused for load costs no
+        decoding, and one that is not protobuf gets INVALID_ARGUMENT, not UNKNOWN and a
+        traceback from grpc."""
         loop = asyncio.get_running_loop()
         arrived_at = loop.time()
         # Seconds left of the client's deadline; None when it set none.
@@ -90,8 +112,10 @@ class InferenceServicer(GRPCInferenceServiceServicer):
         try:
             # Counted before the status goes out, so a caller who reads /metrics sees it.
             with self._metrics.answering(PROTOCOL, loop.time, arrived_at) as answer:
+                self._admit()
+                self._calls += 1
                 try:
-                    response = await self._infer(request, arrived_at, remaining)
+                    response = await self._infer(message, context, arrived_at, remaining)
                 except asyncio.CancelledError:
                     # grpc.aio cancels the method at the deadline by its own clock, which may
                     # run a hair ahead of the loop's.
@@ -99,6 +123,8 @@ class InferenceServicer(GRPCInferenceServiceServicer):
                     if deadline is not None and loop.time() >= deadline - CLOCK_SLACK_S:
                         answer.status = DeadlineExceeded.status
                     raise
+                finally:
+                    self._calls -= 1
                 answer.status = 200
         except SidecarError as error:
             await status.abort(context, error)
@@ -107,17 +133,39 @@ class InferenceServicer(GRPCInferenceServiceServicer):
             await status.abort(context, INTERNAL_ERROR)
         return response
 
+    def _admit(self) -> None:
+        """QueueFull, with Retry-After, once as many calls are in flight as the sidecar holds
+        items at most, queued or at the model: each call holds one at least, so one more
+        could not be served. A flood is refused here, before its messages are decoded."""
+        settings = self._dataplane.batcher.settings
+        limit = settings.max_queue_items + settings.max_inflight_batches * settings.max_batch_size
+        if self._calls >= limit:
+            raise QueueFull(
+                f"queue full: {self._calls} gRPC calls in flight, as many as the sidecar can "
+                f"hold items (maxQueueItems + maxInflightBatches x maxBatchSize: {limit})",
+                self._dataplane.batcher.retry_after_s(),
+            )
+
     async def _infer(
         self,
-        request: ModelInferRequest,
+        message: bytes,
+        context: Context,
         arrived_at: float,
         remaining: float | None,
     ) -> ModelInferResponse:
         dataplane = self._dataplane
-        dataplane.check_model(request.model_name, request.model_version or None)
-        infer_request = codec.parse_request(request)
+        bounds = dataplane.bounds()
+        infer_request = await self._converter.run(
+            len(message), lambda: _parsed(message, dataplane, bounds)
+        )
         deadline_ms = None if remaining is None else remaining * 1000
-        response = await dataplane.infer(infer_request, deadline_ms, arrived_at)
+        response = await dataplane.infer(
+            infer_request, deadline_ms, arrived_at, self._message_limit
+        )
+        if (held := response.held) is not None:
+            # The call is done once grpc has sent the answer, or once it never will. (The
+            # stubs type the callback as a class of their own, which no function is.)
+            context.add_done_callback(lambda _: held.release())  # type: ignore[arg-type]
         return codec.encode_response(response)
 
     async def _check_model(self, name: str, model_version: str, context: Context) -> None:

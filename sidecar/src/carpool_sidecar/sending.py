@@ -1,0 +1,77 @@
+"""Sending REST answers to callers who may not read them.
+
+An answer goes out in chunks, and each chunk must leave for the socket within `idle_s` (the
+body timeout, as for bodies coming in): a caller who stops reading has its connection cut
+(the unsent rest is dropped, not kept) and its answer counted as 408. Answers still being
+written when a drain ends are cut too, so that SIGTERM ends within the drain it promised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+
+from aiohttp import web
+
+from carpool.engine.errors import BodyTimeout
+
+# What one write hands the socket: small enough that a reader who stops holds little in
+# the transport's buffer, large enough to be cheap.
+CHUNK_BYTES = 256 * 1024
+
+
+class AnswerSending:
+    def __init__(self, idle_s: float) -> None:
+        self._idle_s = idle_s
+        # Loop time by which a draining sidecar has sent everything, once SIGTERM came.
+        self.drained_by: float | None = None
+        self._writing: set[asyncio.Transport] = set()
+        self._done = asyncio.Event()
+        self._done.set()
+
+    async def send(
+        self, request: web.Request, parts: Sequence[bytes | memoryview], headers: dict[str, str]
+    ) -> web.StreamResponse:
+        """Send a body given in parts (a JSON header, then binary outputs) without joining
+        them; returns once its last byte has gone to the socket."""
+        transport = request.transport
+        response = web.StreamResponse(headers=headers)
+        response.content_length = sum(len(part) for part in parts)
+        if transport is None:  # the caller already left
+            return response
+        self._writing.add(transport)
+        self._done.clear()
+        try:
+            await response.prepare(request)
+            sent = 0
+            for part in parts:
+                view = memoryview(part).cast("B")
+                for start in range(0, len(view), CHUNK_BYTES):
+                    chunk = view[start : start + CHUNK_BYTES]
+                    await self._timed(response.write(chunk), transport, sent)
+                    sent += len(chunk)
+            await self._timed(response.write_eof(), transport, sent)
+        finally:
+            self._writing.discard(transport)
+            if not self._writing:
+                self._done.set()
+        return response
+
+    async def finish(self, grace_s: float) -> None:
+        """Wait `grace_s` at most for the answers being written, then cut those left."""
+        try:
+            async with asyncio.timeout(grace_s):
+                await self._done.wait()
+        except TimeoutError:
+            for transport in list(self._writing):
+                transport.abort()
+
+    async def _timed(self, write: Awaitable[None], transport: asyncio.Transport, sent: int) -> None:
+        try:
+            async with asyncio.timeout(self._idle_s):
+                await write
+        except TimeoutError:
+            transport.abort()
+            raise BodyTimeout(
+                f"the answer was not read for {self._idle_s:g} s after {sent} bytes"
+            ) from None
