@@ -32,6 +32,7 @@ PLACEMENT = {
     "priorityClassName": "inference",
     "serviceAccountName": "models",
 }
+MANAGED_BY = "app.kubernetes.io/managed-by"
 PLACED = ("nodeSelector", "tolerations", "priorityClassName", "serviceAccountName")
 
 
@@ -88,6 +89,21 @@ def test_hand_added_host_network_is_repaired(cluster: Cluster) -> None:
     cluster.kubectl("patch", "deployment", "e2e-host", "--type=merge", "-p", json.dumps(edit))
     cluster.wait_for_object(
         "deployment", "e2e-host", lambda found: not pod_spec(found).get("hostNetwork")
+    )
+
+
+@pytest.mark.parametrize("kind", ["deployment", "configmap"])
+def test_a_removed_carpool_label_is_put_back(cluster: Cluster, kind: str) -> None:
+    """The watches select carpool's label, so the child leaves the operator's view when it
+    goes (the API server says DELETED); the operator still owns it and applies it again."""
+    name = f"e2e-unlabelled-{kind}"
+    applied(cluster, model(name))
+    child = name if kind == "deployment" else f"{name}-batching"
+    cluster.wait_for_object(kind, child)
+
+    cluster.kubectl("label", kind, child, f"{MANAGED_BY}-")
+    cluster.wait_for_object(
+        kind, child, lambda found: found["metadata"]["labels"].get(MANAGED_BY) == "carpool"
     )
 
 

@@ -118,13 +118,15 @@ class FaultyKubeApi(KubeApiServer):
             raise ApiFailure(code, REASONS.get(code, "InternalError"), MESSAGES.get(code, ""))
         return answer
 
-    def _emit(self, kind: Kind, event_type: str, obj: Json) -> None:
+    def _emit(self, kind: Kind, event_type: str, obj: Json, previous: Json | None = None) -> None:
         self._written = max(self._written, int(obj["metadata"]["resourceVersion"]))
         if self.watch_lag_s <= 0:
-            super()._emit(kind, event_type, obj)
+            super()._emit(kind, event_type, obj, previous)
             return
         # Every event waits as long, so they stay in order.
-        emit = functools.partial(KubeApiServer._emit, self, kind, event_type, copy.deepcopy(obj))
+        emit = functools.partial(
+            KubeApiServer._emit, self, kind, event_type, copy.deepcopy(obj), copy.deepcopy(previous)
+        )
         asyncio.get_running_loop().call_later(self.watch_lag_s, emit)
 
     def _current_revision(self) -> int:
