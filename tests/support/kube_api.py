@@ -289,10 +289,11 @@ class KubeApiServer(kmock.KubernetesEmulator):
     Kubernetes' schema (duplicate keys in a list merged by key, an undeclared field; see
     kube_typed); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
-    `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
-    cascading, background-style; a dependent created after its owners are gone goes too; an
-    orphaning delete, `propagationPolicy: Orphan`, takes the owner's reference off its
-    dependents instead, at once, without the owner's transient `orphan` finalizer);
+    `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (at once,
+    or `gc_delay_s` later as from a real, lagging collector; cascading, background-style; a
+    dependent created after its owners are gone goes too; an orphaning delete,
+    `propagationPolicy: Orphan`, takes the owner's reference off its dependents instead, at
+    once, without the owner's transient `orphan` finalizer);
     discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD is validated as the API server validates it (its name, names,
     versions, printer columns and schema: structural, defaults, list and map types, CEL rules and
@@ -336,6 +337,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
     _failures: list[Failure] = attrs.field(init=False, factory=list)
     _users: dict[str, str] = attrs.field(init=False, factory=dict)  # bearer token: user
     _compacted: int = attrs.field(init=False, default=0)  # history up to here is forgotten
+    # How long after an owner goes the garbage collector deletes its dependents: a real one
+    # works in the background, from its own watches (0: at once).
+    gc_delay_s: float = attrs.field(init=False, default=0.0)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -1096,11 +1100,14 @@ class KubeApiServer(kmock.KubernetesEmulator):
             for served in self._crd_kinds(obj):
                 self._collect(lambda k, _o, gone=served.key: k == gone)
                 self.kinds.pop(served.key, None)
-        self._collect(
-            lambda _k, o: any(
-                ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", [])
-            )
-        )
+
+        def dependent(_kind: KindKey, obj: Json) -> bool:
+            return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
+
+        if self.gc_delay_s > 0:
+            asyncio.get_running_loop().call_later(self.gc_delay_s, self._collect, dependent)
+        else:
+            self._collect(dependent)
 
     def _owners_gone(self, obj: Json) -> bool:
         references = obj["metadata"].get("ownerReferences") or []

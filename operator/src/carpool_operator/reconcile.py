@@ -12,13 +12,13 @@ from typing import Any
 
 import kopf
 
-from carpool_operator.adoption import adoptable
+from carpool_operator.adoption import adoptable, collected
 from carpool_operator.autoscaling_status import dependency_conditions
 from carpool_operator.cache import Cache
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
 from carpool_operator.handover import hand_over_replicas
-from carpool_operator.kube import ApiError, KubeClient
+from carpool_operator.kube import FIRST_RETRY_S, ApiError, KubeClient
 from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
@@ -93,6 +93,10 @@ async def _apply(
         news = "ChildUpdated", f"updated {kind} {name}"
     elif adoptable(actual, manifest):
         news = "ChildAdopted", f"adopted {kind} {name}, which an earlier {spec.name} left"
+    elif collected(actual, manifest):
+        # Its deletion (a watch event) asks for the next reconcile; kopf's retry is the backstop.
+        message = f"{kind} {name} of the deleted {spec.name} is not collected yet"
+        raise kopf.TemporaryError(message, delay=FIRST_RETRY_S)
     else:
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
     if actual is not None:
