@@ -141,6 +141,29 @@ async def test_a_kind_the_operator_may_not_list_says_why_until_granted() -> None
         await watched.kube.close()
 
 
+async def test_watches_that_end_at_once_are_opened_again_ever_more_slowly() -> None:
+    """A watch that ends at once with nothing said (a proxy cutting it, an API server going
+    away) is a failure, not a watch that did its time: opened again after a growing pause,
+    not as fast as the server can answer."""
+    with FaultyServedKubeApi() as served:
+        served.api.watch_cut_s = 0.0
+        watched = Watched(served, "ConfigMap")
+        task = asyncio.create_task(watched.informer.run())
+        await watched.informer.ready()
+        await asyncio.sleep(3.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await watched.kube.close()
+        path = watched.informer._path
+        watches = [
+            record
+            for record in list(served.api.records)
+            if record.path == path and "watch=true" in record.query
+        ]
+    # Pauses of 0.1, 0.5, 1 and 2 s (informer.BACKOFF_S) fit 5 watches in 3 s.
+    assert len(watches) <= 6, len(watches)
+
+
 def test_an_earlier_version_never_replaces_a_later_one() -> None:
     informer = Informer(
         KubeClient(), "Deployment", "default", MANAGED, lambda _: True, lambda *_: None, 1.0
