@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime
 import time
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
 from carpool_operator.handover import hand_over_replicas
 from carpool_operator.kube import FIRST_RETRY_S, ApiError, KubeClient
+from carpool_operator.locks import Locks
 from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
@@ -44,9 +44,7 @@ class Runtime:
     kube: KubeClient
     # One reconcile per object at a time: a BatchedModel's own handlers and its children's
     # events may fire together, and two concurrent creates would collide.
-    locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
-        default_factory=lambda: collections.defaultdict(asyncio.Lock)
-    )
+    locks: Locks = field(default_factory=Locks)
     # The watches' cache the reads come from (started at login) and the reconciles its events
     # ask for; the periodic resync (see resync.py), started at start-up. Each is stopped at
     # cleanup.
@@ -253,7 +251,7 @@ async def reconcile(
     `retry`: kopf's count of this handler's failures in a row, which lengthens the next wait.
     """
     metrics = runtime.metrics
-    async with runtime.locks[namespace, name]:
+    async with runtime.locks.hold((namespace, name)):
         started = time.monotonic()
         try:
             observation = await _converge(runtime, namespace, name, logger, retry)
