@@ -78,11 +78,12 @@ async def _apply(
     manifest = with_digest(rendered)
     kind, metadata = manifest["kind"], manifest["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
-    if (refused := refusals.of(spec.name, manifest)) is not None:
+    cached = await kube.get(kind, namespace, name)
+    if (refused := refusals.of(spec.name, manifest, cached)) is not None:
         raise _rejected(kind, name, refused)
     # Not in the cache: about to be created, unless an object without carpool's label (which
     # the cache's watches leave out) already has the name, so ask the API server once.
-    actual = await kube.get(kind, namespace, name) or await kube.fetch(kind, namespace, name)
+    actual = cached or await kube.fetch(kind, namespace, name)
     if actual is None:
         news = "ChildCreated", f"created {kind} {name}"
     elif _owned_by(actual, spec.uid):
@@ -104,7 +105,9 @@ async def _apply(
     except ApiError as error:
         if error.transient:
             raise
-        refusals.refused(spec.name, manifest, error.message)
+        # Against the child as the apply found it: the hand-over may have just changed it.
+        now = await kube.get(kind, namespace, name)
+        refusals.refused(spec.name, manifest, now, error.message)
         raise _rejected(kind, name, error.message) from error
     refusals.accepted(spec.name, manifest)
     await kube.post_event(owner, *news, warning=False)
