@@ -135,7 +135,7 @@ class Informer:
 
     async def run(self) -> None:
         """List and watch until cancelled."""
-        version, failures = "", 0
+        version, failures, unwatchable = "", 0, False
         while True:
             try:
                 if not version:
@@ -148,13 +148,18 @@ class Informer:
                 short = asyncio.get_running_loop().time() - started < SHORT_WATCH_S
                 if resumed == version and short:
                     raise ApiError(503, "ShortWatch", "it ended at once, having said nothing")
-                version, failures = resumed, 0
+                version, failures, unwatchable = resumed, 0, False
             except ApiError as error:
                 failures += 1
                 if error.status in (403, 404, 410):
                     version = ""  # the version is gone, or so is the kind: list again
                 pause = BACKOFF_S[min(failures, len(BACKOFF_S)) - 1]
                 log.debug(f"watch of {self._path}: {error}; again in {pause}s")
+                if error.status == 403 and not unwatchable:  # a list's 403 is _refused's
+                    # RBAC with `list` but not `watch`: the cache is as current as the lists
+                    # between the pauses, up to the longest; an admin should grant `watch`.
+                    log.warning(f"cannot watch {self._path} ({error}); listing it again instead")
+                unwatchable = unwatchable or error.status == 403
                 await asyncio.sleep(pause)
             except Exception:  # a bug or an answer past belief must not stop the cache for good
                 failures, version = failures + 1, ""
