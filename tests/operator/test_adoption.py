@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from carpool_operator.adoption import adoptable
+from carpool_operator.adoption import adoptable, collected
 from carpool_operator.render import render
 
 BODY = {
@@ -51,3 +51,19 @@ def test_what_someone_else_has_is_not(case: str) -> None:
     else:
         metadata["managedFields"] = metadata["managedFields"][:1]
     assert not adoptable(found, DEPLOYMENT)
+
+
+def controlled_by(kind: str, name: str, uid: str) -> dict[str, Any]:
+    found = orphan()
+    reference = {"apiVersion": "carpool.dev/v1alpha1", "kind": kind, "name": name, "uid": uid}
+    found["metadata"]["ownerReferences"] = [{**reference, "controller": True}]
+    return found
+
+
+def test_a_deleted_model_of_this_name_has_its_children_collected() -> None:
+    assert collected(controlled_by("BatchedModel", "m", "old-uid"), DEPLOYMENT)
+    # This very model's, another model's, something else's, nobody's: not on their way out.
+    assert not collected(controlled_by("BatchedModel", "m", "new-uid"), DEPLOYMENT)
+    assert not collected(controlled_by("BatchedModel", "other", "old-uid"), DEPLOYMENT)
+    assert not collected(controlled_by("Rollout", "m", "old-uid"), DEPLOYMENT)
+    assert not collected(orphan(), DEPLOYMENT)

@@ -358,6 +358,34 @@ def test_a_model_applied_again_after_an_orphaning_delete_adopts_its_children(
     assert "adopted Deployment e2e-orphans, which an earlier e2e-orphans left" in adopted
 
 
+def test_a_model_made_again_at_once_waits_for_its_predecessors_children_to_go(
+    cluster: Cluster,
+) -> None:
+    """Deleted and applied again before the garbage collector, which works in the background,
+    removed the children: they are the deleted model's, on their way out, not someone else's.
+    The new model waits for them to go and makes its own, never Degraded meanwhile."""
+    first = applied(cluster, model("e2e-again"))
+    cluster.wait_for_object("deployment", "e2e-again", lambda found: owned_by(found, first))
+    if cluster.api is not None:
+        cluster.api.gc_delay_s = 2.0
+    try:
+        cluster.kubectl("delete", "bm", "e2e-again")
+        cluster.apply(model("e2e-again", replicas=2))
+        again = cluster.wait_for_object("bm", "e2e-again")
+        assert again["metadata"]["uid"] != first["metadata"]["uid"]
+        cluster.wait_for_object(
+            "deployment",
+            "e2e-again",
+            lambda found: owned_by(found, again) and found["spec"]["replicas"] == 2,
+        )
+    finally:
+        if cluster.api is not None:
+            cluster.api.gc_delay_s = 0.0
+    settled = cluster.wait_for_object("bm", "e2e-again", lambda found: condition(found, "Ready"))
+    assert condition(settled, "Degraded")["reason"] == "AsExpected"
+    assert events(cluster, "e2e-again", "NameConflict") == []
+
+
 def _config_map(name: str, labels: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

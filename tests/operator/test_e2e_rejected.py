@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from support.kube_cluster import OPERATOR_AGENT, Cluster
-from support.kube_models import condition, degraded, model, wait_resyncs
+from support.kube_models import applied, condition, degraded, model, wait_resyncs
 
 from carpool.contract.pod import SOCKET_DIR
 
@@ -62,6 +62,26 @@ def test_a_child_the_api_server_refuses_is_rejected_at_once(cluster: Cluster) ->
     cluster.wait_for_object("deployment", "e2e-typo")
     cluster.wait_for_object(
         "bm", "e2e-typo", lambda found: condition(found, "Degraded").get("status") == "False"
+    )
+
+
+def test_a_refused_child_is_sent_again_once_it_changed(cluster: Cluster) -> None:
+    """A refusal answers a manifest sent against the child as it was. An update refused (by an
+    admission policy, say), then the child deleted, as one does to have it made anew: the
+    operator makes it at the deletion's watch event, as it restores any deleted child."""
+    if cluster.api is None:
+        pytest.skip("the refusal is injected at the test API server")
+    name = "e2e-refused-update"
+    applied(cluster, model(name))
+    cluster.wait_for_object("deployment", name)
+    cluster.api.fail("PATCH", children_path(cluster, name), code=422)
+    cluster.apply(model(name, replicas=2))
+    degraded(cluster, name, "Rejected", timeout=PROMPTLY_S)
+
+    cluster.kubectl("delete", "deployment", name)
+    cluster.wait_for_object("deployment", name, lambda found: found["spec"]["replicas"] == 2)
+    cluster.wait_for_object(
+        "bm", name, lambda found: condition(found, "Degraded").get("status") == "False"
     )
 
 

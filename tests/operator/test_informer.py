@@ -8,6 +8,7 @@ list, holds nothing and is listed again once it is there or granted.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -139,6 +140,65 @@ async def test_a_kind_the_operator_may_not_list_says_why_until_granted() -> None
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await watched.kube.close()
+
+
+async def test_watches_that_end_at_once_are_opened_again_ever_more_slowly() -> None:
+    """A watch that ends at once with nothing said (a proxy cutting it, an API server going
+    away) is a failure, not a watch that did its time: opened again after a growing pause,
+    not as fast as the server can answer."""
+    with FaultyServedKubeApi() as served:
+        served.api.watch_cut_s = 0.0
+        watched = Watched(served, "ConfigMap")
+        task = asyncio.create_task(watched.informer.run())
+        await watched.informer.ready()
+        await asyncio.sleep(3.0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await watched.kube.close()
+        path = watched.informer._path
+        watches = [
+            record
+            for record in list(served.api.records)
+            if record.path == path and "watch=true" in record.query
+        ]
+    # Pauses of 0.1, 0.5, 1 and 2 s (informer.BACKOFF_S) fit 5 watches in 3 s.
+    assert len(watches) <= 6, len(watches)
+
+
+async def test_a_kind_the_operator_may_list_but_not_watch_says_so_and_lists_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RBAC written when the operator only listed (`list` without `watch`): the cache is
+    current only as often as it lists again, which an admin must hear of once."""
+    with FaultyServedKubeApi() as served:
+        token = served.api.service_account_token("carpool", "carpool")
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        rule = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}
+        call(
+            served,
+            "POST",
+            f"{rbac}/namespaces/default/roles",
+            {"metadata": {"name": "cm"}, "rules": [rule]},
+        )
+        call(
+            served,
+            "POST",
+            f"{rbac}/namespaces/default/rolebindings",
+            binding("Role", "cm", "carpool", "carpool"),
+        )
+        watched = Watched(served, "ConfigMap", token=token)
+        with caplog.at_level(logging.INFO, logger="carpool_operator.informer"):
+            task = asyncio.create_task(watched.informer.run())
+            assert await watched.informer.ready() is State.LISTED
+            create(served, "later")
+            await eventually("later", lambda: watched.informer.get("default", "later"))
+            await eventually("a third list", lambda: watched.lists() >= 3)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await watched.kube.close()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    assert 'cannot watch resource "configmaps"' in warnings[0].getMessage()
 
 
 def test_an_earlier_version_never_replaces_a_later_one() -> None:

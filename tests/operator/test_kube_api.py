@@ -59,6 +59,29 @@ def test_watch_resumes_after_the_listed_version(served: ServedKubeApi) -> None:
     ]
 
 
+def test_a_selected_watch_hears_objects_enter_and_leave_the_selection(
+    served: ServedKubeApi,
+) -> None:
+    """As the API server's watch cache: an object whose labels stop matching is DELETED (as
+    it was, at the version that changed it), one whose labels start matching ADDED."""
+    _, listing = call(served, "GET", CONFIGMAPS)
+    version = listing["metadata"]["resourceVersion"]
+    merge = "application/merge-patch+json"
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "moving", "labels": {"team": "a"}}})
+    _, left = call(
+        served, "PATCH", f"{CONFIGMAPS}/moving", {"metadata": {"labels": {"team": "b"}}}, merge
+    )
+    call(served, "PATCH", f"{CONFIGMAPS}/moving", {"data": {"unseen": "1"}}, merge)
+    call(served, "PATCH", f"{CONFIGMAPS}/moving", {"metadata": {"labels": {"team": "a"}}}, merge)
+
+    query = f"watch=true&resourceVersion={version}&timeoutSeconds=1&labelSelector=team%3Da"
+    events = watch(served, f"{CONFIGMAPS}?{query}")
+    assert [event["type"] for event in events] == ["ADDED", "DELETED", "ADDED"]
+    gone = events[1]["object"]["metadata"]
+    assert gone["labels"] == {"team": "a"}
+    assert gone["resourceVersion"] == left["metadata"]["resourceVersion"]
+
+
 def test_no_op_writes_keep_the_version(served: ServedKubeApi) -> None:
     _, created = call(
         served, "POST", CONFIGMAPS, {"metadata": {"name": "noop"}, "data": {"k": "v"}}

@@ -16,7 +16,9 @@ writes get `Chaos.opening` (by default a 409, a lost reply and a 503), so that a
 sees every kind of fault.
 Watch requests are never failed (kopf retries them on its own schedule); they are dropped.
 With `watch_lag_s`, every watch hears of each write that long after it was answered, as from an
-API server whose watch cache lags behind etcd (lists and writes' answers are current).
+API server whose watch cache lags behind etcd (lists and writes' answers are current). With
+`watch_cut_s`, every watch ends that long after it began, whatever its `timeoutSeconds`, as
+behind a proxy that cuts long requests or from an API server going away (0: at once).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class FaultyKubeApi(KubeApiServer):
     seed: int = 0
     chaos: Chaos | None = None
     watch_lag_s: float = 0.0
+    watch_cut_s: float | None = None
     injected: collections.Counter[tuple[str, int]] = attrs.field(
         init=False, factory=collections.Counter
     )
@@ -118,13 +121,15 @@ class FaultyKubeApi(KubeApiServer):
             raise ApiFailure(code, REASONS.get(code, "InternalError"), MESSAGES.get(code, ""))
         return answer
 
-    def _emit(self, kind: Kind, event_type: str, obj: Json) -> None:
+    def _emit(self, kind: Kind, event_type: str, obj: Json, previous: Json | None = None) -> None:
         self._written = max(self._written, int(obj["metadata"]["resourceVersion"]))
         if self.watch_lag_s <= 0:
-            super()._emit(kind, event_type, obj)
+            super()._emit(kind, event_type, obj, previous)
             return
         # Every event waits as long, so they stay in order.
-        emit = functools.partial(KubeApiServer._emit, self, kind, event_type, copy.deepcopy(obj))
+        emit = functools.partial(
+            KubeApiServer._emit, self, kind, event_type, copy.deepcopy(obj), copy.deepcopy(previous)
+        )
         asyncio.get_running_loop().call_later(self.watch_lag_s, emit)
 
     def _current_revision(self) -> int:
@@ -136,6 +141,8 @@ class FaultyKubeApi(KubeApiServer):
     ) -> AsyncIterator[Any]:
         if self._cut is None:
             self._cut = asyncio.Event()
+        if self.watch_cut_s is not None:
+            params = {**params, "timeoutSeconds": str(self.watch_cut_s)}
         return self._cuttable(super()._watch(kind, namespace, params, name), self._cut)
 
     async def _cuttable(self, stream: AsyncIterator[Any], cut: asyncio.Event) -> AsyncIterator[Any]:

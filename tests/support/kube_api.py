@@ -280,7 +280,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
     Added over the stock emulator: objects get uid, resourceVersion (one cluster-wide counter),
     generation (bumped when anything outside metadata and status changes) and creationTimestamp;
     lists carry kind and resourceVersion; watches honour `?resourceVersion=` (replaying the
-    event history after it, so nothing is lost between a list and its watch), `labelSelector`,
+    event history after it, so nothing is lost between a list and its watch), `labelSelector`
+    (an object whose labels stop matching is DELETED, one whose labels start matching ADDED),
     `fieldSelector` (equality on dotted paths) and `timeoutSeconds`; PUT; merge, JSON and
     (approximated, see kube_patch) strategic merge patches; server-side apply with field ownership
     (`managedFields`, conflicts, `force`, removal of fields a manager stops applying; see
@@ -288,10 +289,11 @@ class KubeApiServer(kmock.KubernetesEmulator):
     Kubernetes' schema (duplicate keys in a list merged by key, an undeclared field; see
     kube_typed); no-op writes do not bump resourceVersion; a status subresource split for
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
-    `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (immediate,
-    cascading, background-style; a dependent created after its owners are gone goes too; an
-    orphaning delete, `propagationPolicy: Orphan`, takes the owner's reference off its
-    dependents instead, at once, without the owner's transient `orphan` finalizer);
+    `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (at once,
+    or `gc_delay_s` later as from a real, lagging collector; cascading, background-style; a
+    dependent created after its owners are gone goes too; an orphaning delete,
+    `propagationPolicy: Orphan`, takes the owner's reference off its dependents instead, at
+    once, without the owner's transient `orphan` finalizer);
     discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD is validated as the API server validates it (its name, names,
     versions, printer columns and schema: structural, defaults, list and map types, CEL rules and
@@ -329,11 +331,15 @@ class KubeApiServer(kmock.KubernetesEmulator):
     store: dict[ObjectKey, Json] = attrs.field(init=False, factory=dict)
     records: list[Record] = attrs.field(init=False, factory=list)
     _revision: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(2))
-    _history: list[tuple[int, KindKey, Json]] = attrs.field(init=False, factory=list)
+    # Each write's revision, kind, event and the object as it was before (None if new).
+    _history: list[tuple[int, KindKey, Json, Json | None]] = attrs.field(init=False, factory=list)
     _watchers: list[Watcher] = attrs.field(init=False, factory=list)
     _failures: list[Failure] = attrs.field(init=False, factory=list)
     _users: dict[str, str] = attrs.field(init=False, factory=dict)  # bearer token: user
     _compacted: int = attrs.field(init=False, default=0)  # history up to here is forgotten
+    # How long after an owner goes the garbage collector deletes its dependents: a real one
+    # works in the background, from its own watches (0: at once).
+    gc_delay_s: float = attrs.field(init=False, default=0.0)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -748,9 +754,11 @@ class KubeApiServer(kmock.KubernetesEmulator):
             return self._expired(since)
         if since and since != "0":
             backlog = [
-                copy.deepcopy(event)
-                for revision, key, event in self._history
-                if key == kind.key and revision > int(since) and matches(event["object"])
+                seen
+                for revision, key, event, previous in self._history
+                if key == kind.key
+                and revision > int(since)
+                and (seen := _seen(event, previous, matches)) is not None
             ]
         else:
             listing = self._list(kind, namespace, params)
@@ -785,13 +793,15 @@ class KubeApiServer(kmock.KubernetesEmulator):
 
     # ---- writing ----------------------------------------------------------------------------
 
-    def _emit(self, kind: Kind, event_type: str, obj: Json) -> None:
+    def _emit(self, kind: Kind, event_type: str, obj: Json, previous: Json | None = None) -> None:
+        """Tell the watches of a write; `previous`: the object before it (None if new)."""
         revision = int(obj["metadata"]["resourceVersion"])
         event = {"type": event_type, "object": copy.deepcopy(obj)}
-        self._history.append((revision, kind.key, event))
+        before = copy.deepcopy(previous)
+        self._history.append((revision, kind.key, event, before))
         for watcher in self._watchers:
-            if watcher.kind == kind.key and watcher.matches(obj):
-                watcher.queue.put_nowait(copy.deepcopy(event))
+            if watcher.kind == kind.key and (seen := _seen(event, before, watcher.matches)):
+                watcher.queue.put_nowait(seen)
 
     def _admit(self, kind: Kind, obj: Json, params: dict[str, str]) -> None:
         """Defaults, pruning and validation: what the API server does before storing."""
@@ -961,7 +971,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
             self._remove(kind, key, new)
             return new
         self.store[key] = new
-        self._emit(kind, "MODIFIED", new)
+        self._emit(kind, "MODIFIED", new, old)
         return copy.deepcopy(new)
 
     def _patch(
@@ -1057,8 +1067,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
             if not metadata.get("deletionTimestamp"):
                 metadata.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
                 metadata["resourceVersion"] = str(next(self._revision))
-                self.store[key] = obj
-                self._emit(kind, "MODIFIED", obj)
+                previous, self.store[key] = self.store[key], obj
+                self._emit(kind, "MODIFIED", obj, previous)
             return copy.deepcopy(obj)
         metadata["resourceVersion"] = str(next(self._revision))
         self._remove(kind, key, obj)
@@ -1090,11 +1100,14 @@ class KubeApiServer(kmock.KubernetesEmulator):
             for served in self._crd_kinds(obj):
                 self._collect(lambda k, _o, gone=served.key: k == gone)
                 self.kinds.pop(served.key, None)
-        self._collect(
-            lambda _k, o: any(
-                ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", [])
-            )
-        )
+
+        def dependent(_kind: KindKey, obj: Json) -> bool:
+            return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
+
+        if self.gc_delay_s > 0:
+            asyncio.get_running_loop().call_later(self.gc_delay_s, self._collect, dependent)
+        else:
+            self._collect(dependent)
 
     def _owners_gone(self, obj: Json) -> bool:
         references = obj["metadata"].get("ownerReferences") or []
@@ -1158,6 +1171,26 @@ class KubeApiServer(kmock.KubernetesEmulator):
             "storedVersions": [v["name"] for v in spec.get("versions", []) if v.get("storage")],
             "conditions": old_conditions or conditions,
         }
+
+
+def _seen(event: Json, previous: Json | None, matches: Callable[[Json], bool]) -> Json | None:
+    """The event as a watch that selects `matches` receives it, or None if it is not told.
+
+    As the API server's watch cache (k8s.io/apiserver cacher, convertToWatchEvent): an object
+    that starts to match is ADDED, one that stops matching DELETED, as it was before the
+    write but at the write's resourceVersion.
+    """
+    obj = event["object"]
+    if event["type"] == "DELETED":
+        return copy.deepcopy(event) if matches(obj) else None
+    before = previous is not None and matches(previous)
+    if matches(obj):
+        return {"type": "MODIFIED" if before else "ADDED", "object": copy.deepcopy(obj)}
+    if previous is None or not before:
+        return None
+    gone = copy.deepcopy(previous)
+    gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+    return {"type": "DELETED", "object": gone}
 
 
 def _timeless(obj: Json) -> Json:

@@ -4,7 +4,9 @@
 reference off them. Applied again, the model (another uid) finds its children's names taken;
 it adopts a child its next server-side apply then owns (the rendered ownerReferences name the
 new model) when carpool made the child for a model of this name and nobody controls it now.
-Anything else is someone else's: a NameConflict.
+A model deleted the usual way and applied again at once finds the deleted one's children
+still there, controlled by it, until the garbage collector (which works in the background)
+removes them: the new model waits for that. Anything else is someone else's: a NameConflict.
 """
 
 from __future__ import annotations
@@ -33,4 +35,20 @@ def adoptable(child: Mapping[str, Any], rendered: Manifest) -> bool:
     return any(
         entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply"
         for entry in managers
+    )
+
+
+def collected(child: Mapping[str, Any], rendered: Manifest) -> bool:
+    """Whether `child` is controlled by a deleted BatchedModel of the name that `rendered`'s
+    owner has: a BatchedModel's name is unique in its namespace, so one with another uid is
+    gone, and the garbage collector deletes what it controlled."""
+    (owner,) = rendered["metadata"]["ownerReferences"]
+    group = owner["apiVersion"].split("/")[0]
+    return any(
+        reference.get("controller")
+        and reference.get("kind") == owner["kind"]
+        and str(reference.get("apiVersion", "")).split("/")[0] == group
+        and reference.get("name") == owner["name"]
+        and reference.get("uid") != owner["uid"]
+        for reference in child.get("metadata", {}).get("ownerReferences") or []
     )

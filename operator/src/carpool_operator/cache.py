@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import re
 from collections.abc import Mapping
+
+# kopf's own matcher, so that the cache holds exactly the namespaces whose BatchedModels kopf
+# hands to the handlers (its syntax has commas, `!` and an implied leading `*`).
+from kopf._cogs.structs.references import NamespaceName, match_namespace
 
 from carpool_operator.informer import Informer, OnChange, State
 from carpool_operator.kube import KubeClient
@@ -39,19 +42,18 @@ _PLAIN_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def _matches(namespace: str, patterns: tuple[str, ...]) -> bool:
-    """kopf's namespace patterns: globs, `!glob` to exclude (only exclusions: all else)."""
-    excluded = [p[1:] for p in patterns if p.startswith("!")]
-    included = [p for p in patterns if not p.startswith("!")] or ["*"]
-    return any(fnmatch.fnmatchcase(namespace, p) for p in included) and not any(
-        fnmatch.fnmatchcase(namespace, p) for p in excluded
-    )
+    """Whether kopf serves `namespace`: some one of the `--namespace` patterns matches it, or
+    there are none (cluster-wide)."""
+    name = NamespaceName(namespace)
+    return not patterns or any(match_namespace(name, pattern) for pattern in patterns)
 
 
 class Cache:
     """One informer per cached kind and namespace served (one for all, cluster-wide).
 
     Plain namespace names are watched one by one (a namespaced operator may list only those);
-    kopf's patterns (`team-*`, `!kube-*`) are matched here against cluster-wide watches.
+    kopf's patterns (`team-*`, `!kube-*`, `team-*,!team-x`) are matched here against
+    cluster-wide watches.
     `retry_s`: how often a kind the operator may not list, or the cluster lacks, is tried.
     """
 

@@ -2,7 +2,8 @@
 
 As client-go's reflector does: list (the API server filters by label), then watch from the
 list's resourceVersion. A watch the server ends or the network drops is resumed from the last
-version seen; a 410 Expired (the server no longer keeps that version) means list again. A kind
+version seen, after a growing pause if it failed or ended at once having said nothing; a 410
+Expired (the server no longer keeps that version) means list again. A kind
 the cluster does not serve (404: no Prometheus Operator) or the operator may not list (403:
 RBAC left it out) holds nothing, says why, and is listed again every `retry_s`.
 """
@@ -28,6 +29,10 @@ WATCH_SECONDS = 300
 FIRST_LIST_S = 30.0
 # Pauses after consecutive failures (a 5xx, a dropped connection), in seconds.
 BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# A watch that ends sooner than this having heard nothing failed (client-go's "very short
+# watch"): something between the operator and the API server cuts it, or the server is going
+# away. Opened again at once, it would be opened again as fast as the server can answer.
+SHORT_WATCH_S = 1.0
 
 
 class State(enum.Enum):
@@ -130,7 +135,7 @@ class Informer:
 
     async def run(self) -> None:
         """List and watch until cancelled."""
-        version, failures = "", 0
+        version, failures, unwatchable = "", 0, False
         while True:
             try:
                 if not version:
@@ -138,14 +143,23 @@ class Informer:
                 if not version:  # refused: nothing to watch yet
                     await asyncio.sleep(self._retry_s)
                     continue
-                version = await self._watch(version)
-                failures = 0
+                started = asyncio.get_running_loop().time()
+                resumed = await self._watch(version)
+                short = asyncio.get_running_loop().time() - started < SHORT_WATCH_S
+                if resumed == version and short:
+                    raise ApiError(503, "ShortWatch", "it ended at once, having said nothing")
+                version, failures, unwatchable = resumed, 0, False
             except ApiError as error:
                 failures += 1
                 if error.status in (403, 404, 410):
                     version = ""  # the version is gone, or so is the kind: list again
                 pause = BACKOFF_S[min(failures, len(BACKOFF_S)) - 1]
                 log.debug(f"watch of {self._path}: {error}; again in {pause}s")
+                if error.status == 403 and not unwatchable:  # a list's 403 is _refused's
+                    # RBAC with `list` but not `watch`: the cache is as current as the lists
+                    # between the pauses, up to the longest; an admin should grant `watch`.
+                    log.warning(f"cannot watch {self._path} ({error}); listing it again instead")
+                unwatchable = unwatchable or error.status == 403
                 await asyncio.sleep(pause)
             except Exception:  # a bug or an answer past belief must not stop the cache for good
                 failures, version = failures + 1, ""

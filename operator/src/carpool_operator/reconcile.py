@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime
 import time
 from collections.abc import Mapping
@@ -12,13 +11,14 @@ from typing import Any
 
 import kopf
 
-from carpool_operator.adoption import adoptable
+from carpool_operator.adoption import adoptable, collected
 from carpool_operator.autoscaling_status import dependency_conditions
 from carpool_operator.cache import Cache
 from carpool_operator.defaults import Defaults
 from carpool_operator.diff import up_to_date, with_digest
 from carpool_operator.handover import hand_over_replicas
-from carpool_operator.kube import ApiError, KubeClient
+from carpool_operator.kube import FIRST_RETRY_S, ApiError, KubeClient
+from carpool_operator.locks import Locks
 from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
@@ -44,9 +44,7 @@ class Runtime:
     kube: KubeClient
     # One reconcile per object at a time: a BatchedModel's own handlers and its children's
     # events may fire together, and two concurrent creates would collide.
-    locks: collections.defaultdict[tuple[str, str], asyncio.Lock] = field(
-        default_factory=lambda: collections.defaultdict(asyncio.Lock)
-    )
+    locks: Locks = field(default_factory=Locks)
     # The watches' cache the reads come from (started at login) and the reconciles its events
     # ask for; the periodic resync (see resync.py), started at start-up. Each is stopped at
     # cleanup.
@@ -80,11 +78,12 @@ async def _apply(
     manifest = with_digest(rendered)
     kind, metadata = manifest["kind"], manifest["metadata"]
     namespace, name = metadata["namespace"], metadata["name"]
-    if (refused := refusals.of(spec.name, manifest)) is not None:
+    cached = await kube.get(kind, namespace, name)
+    if (refused := refusals.of(spec.name, manifest, cached)) is not None:
         raise _rejected(kind, name, refused)
     # Not in the cache: about to be created, unless an object without carpool's label (which
     # the cache's watches leave out) already has the name, so ask the API server once.
-    actual = await kube.get(kind, namespace, name) or await kube.fetch(kind, namespace, name)
+    actual = cached or await kube.fetch(kind, namespace, name)
     if actual is None:
         news = "ChildCreated", f"created {kind} {name}"
     elif _owned_by(actual, spec.uid):
@@ -93,6 +92,10 @@ async def _apply(
         news = "ChildUpdated", f"updated {kind} {name}"
     elif adoptable(actual, manifest):
         news = "ChildAdopted", f"adopted {kind} {name}, which an earlier {spec.name} left"
+    elif collected(actual, manifest):
+        # Its deletion (a watch event) asks for the next reconcile; kopf's retry is the backstop.
+        message = f"{kind} {name} of the deleted {spec.name} is not collected yet"
+        raise kopf.TemporaryError(message, delay=FIRST_RETRY_S)
     else:
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
     if actual is not None:
@@ -102,7 +105,9 @@ async def _apply(
     except ApiError as error:
         if error.transient:
             raise
-        refusals.refused(spec.name, manifest, error.message)
+        # Against the child as the apply found it: the hand-over may have just changed it.
+        now = await kube.get(kind, namespace, name)
+        refusals.refused(spec.name, manifest, now, error.message)
         raise _rejected(kind, name, error.message) from error
     refusals.accepted(spec.name, manifest)
     await kube.post_event(owner, *news, warning=False)
@@ -249,7 +254,7 @@ async def reconcile(
     `retry`: kopf's count of this handler's failures in a row, which lengthens the next wait.
     """
     metrics = runtime.metrics
-    async with runtime.locks[namespace, name]:
+    async with runtime.locks.hold((namespace, name)):
         started = time.monotonic()
         try:
             observation = await _converge(runtime, namespace, name, logger, retry)

@@ -1,8 +1,10 @@
-"""Reconciles that the watches ask for: at most one waiting per model, each an owned task.
+"""Reconciles that the watches ask for: one task per model, at most one reconcile waiting.
 
 A watch event comes after the cache holds it, so the reconcile it starts reads what the event
 said. Events that arrive before a model's reconcile has started add nothing: it will read
-the latest anyway.
+the latest anyway; those that arrive while it runs ask for one more after it, as client-go's
+work queue does (a rollout's pod events, during a reconcile slowed by the API server, would
+otherwise queue a reconcile each).
 """
 
 from __future__ import annotations
@@ -38,26 +40,30 @@ class Triggers:
 
     def __init__(self, reconcile: Reconcile) -> None:
         self._reconcile = reconcile
-        self._waiting: set[tuple[str, str]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: set[tuple[str, str]] = set()  # asked for, not started
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}  # one per model, if any
 
     def ask(self, namespace: str, name: str) -> None:
         """Reconcile the model soon, unless a reconcile of it is waiting already."""
-        if (namespace, name) in self._waiting:
-            return
-        self._waiting.add((namespace, name))
-        task = asyncio.create_task(self._run(namespace, name), name=f"reconcile {name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        key = (namespace, name)
+        self._waiting.add(key)
+        if key not in self._tasks:
+            self._tasks[key] = asyncio.create_task(self._run(key), name=f"reconcile {name}")
 
-    async def _run(self, namespace: str, name: str) -> None:
-        await asyncio.sleep(0)  # let the events that came with this one join it
-        self._waiting.discard((namespace, name))
-        await reconcile_logged(self._reconcile, namespace, name, "watch event")
+    async def _run(self, key: tuple[str, str]) -> None:
+        try:
+            while key in self._waiting:
+                await asyncio.sleep(0)  # let the events that came with this one join it
+                self._waiting.discard(key)
+                await reconcile_logged(self._reconcile, *key, "watch event")
+        finally:
+            # No await since the last look at `_waiting`: an ask from now on starts a task.
+            del self._tasks[key]
 
     async def close(self) -> None:
-        for task in list(self._tasks):
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
