@@ -20,7 +20,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from carpool.contract.metadata import TensorSpec
-from carpool.engine.errors import SidecarError
+from carpool.engine.errors import CLIENT_GONE, SidecarError
 from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool_sidecar import operations as op
@@ -66,6 +66,10 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
             except web.HTTPException as error:
                 answer.status = error.status
                 raise
+            except ConnectionError:
+                # The caller hung up as its answer went out: counted as gone (the answer's
+                # status is left unset); aiohttp finds the connection closed and drops it.
+                return web.Response(status=CLIENT_GONE)
             answer.status = response.status
             return response
     except SidecarError as error:
