@@ -10,8 +10,13 @@ answers, with nothing queued or in flight.
 
 from __future__ import annotations
 
+import pytest
 from reliability.batch_edges import Plan, broken_promises, run, summary
 from reliability.soaked import soaked
+
+# Its callers' bounds are fractions of a second: on a machine the rest of the suite loads, a
+# stalled event loop would decide them.
+pytestmark = pytest.mark.serial
 
 
 def test_a_function_that_hangs_exits_or_answers_none_harms_no_other_caller() -> None:
