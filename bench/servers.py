@@ -34,6 +34,12 @@ class ModelSettings:
     torch_threads: int
     max_batch_size: int
     max_wait_ms: float
+    # The handler's own `--handler-options` (the stand-in's timing), for every variant alike.
+    handler_options: str = ""
+
+
+# Handlers sent four floats (`--payload toy`); every other one is sent text, as MiniLM takes.
+FLOAT_HANDLERS = ("toy", "stand-in")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,8 @@ def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
         "--torch-threads",
         str(settings.torch_threads),
     )
+    if settings.handler_options:
+        common += ("--handler-options", settings.handler_options)
     if not batched:
         return common
     return (
@@ -89,6 +97,32 @@ def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
         "--max-wait-ms",
         f"{settings.max_wait_ms:g}",
     )
+
+
+def limit_command(
+    settings: ModelSettings, text_length: str, sizes: tuple[int, ...] = ()
+) -> list[str]:
+    """bench/limit.py for the model every variant serves, on the same text mix; at `sizes`,
+    or at every size up to the max batch size."""
+    command = [
+        sys.executable,
+        str(BENCH_DIR / "limit.py"),
+        "--handler",
+        settings.handler,
+        "--device",
+        settings.device,
+        "--torch-threads",
+        str(settings.torch_threads),
+        "--max-batch-size",
+        str(settings.max_batch_size),
+        "--text-length",
+        text_length,
+    ]
+    if settings.handler_options:
+        command += ["--handler-options", settings.handler_options]
+    if sizes:
+        command += ["--sizes", ",".join(map(str, sizes))]
+    return command
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -36,6 +36,8 @@ class Config:
     example_shape: tuple[int, ...] | None
     drain_seconds: int
     pipeline: bool
+    # The handler's own settings (`--handler-options key=value,...`), in the order given.
+    handler_options: tuple[tuple[str, str], ...] = ()
 
 
 def key_name(option: str) -> str:
@@ -62,6 +64,7 @@ class Options(TypedDict, total=False):
     example_shape: tuple[int, ...] | None
     drain_seconds: int | None
     pipeline: bool | None
+    handler_options: tuple[tuple[str, str], ...] | None
 
 
 def parse(options: Options) -> Config:
@@ -99,6 +102,7 @@ def parse(options: Options) -> Config:
         example_shape=options.get("example_shape"),
         drain_seconds=DEFAULT_DRAIN_SECONDS if drain_seconds is None else drain_seconds,
         pipeline=options.get("pipeline") is not False,
+        handler_options=options.get("handler_options") or (),
     )
 
 

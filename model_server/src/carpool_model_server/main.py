@@ -18,8 +18,9 @@ import click
 from aiohttp import web
 
 from carpool import event_loop
-from carpool.comma_list import CommaList
+from carpool.comma_list import CommaList, KeyValue
 from carpool.contract import frames
+from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.pod import LOAD_FAILED
 from carpool_model_server import config as config_module
 from carpool_model_server.config import Config
@@ -42,7 +43,12 @@ OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
     (
         "handler",
         click.STRING,
-        "toy | torchscript | text-embedding | text-generation | module:Class",
+        " | ".join([*BUILTIN_HANDLERS, "module:Class"]),
+    ),
+    (
+        "handler_options",
+        CommaList(KeyValue()),
+        "the handler's own settings, e.g. preset=fast,jitter=0.1 for stand-in",
     ),
     ("model_name", click.STRING, "name in metrics and metadata (default: the handler name)"),
     ("model_path", PATH, "model file (torchscript) or folder (text-generation)"),
