@@ -28,8 +28,6 @@ import click
 import servers
 
 from carpool import processes
-from carpool.comma_list import CommaList
-from carpool.contract.batching import DISPATCH_MODES
 from carpool.loadgen import runner, workload
 from carpool.loadgen.report import CellResult
 
@@ -96,18 +94,7 @@ def _line(name: str, level: int, runs: list[CellResult], limits: list[float]) ->
 @click.option("--handler-options", default="", help="e.g. preset=fast for stand-in")
 @click.option("--torch-threads", default=1, show_default=True)
 @click.option("--concurrency", default="1,8,32,64", show_default=True)
-@click.option(
-    "--policies",
-    type=CommaList(click.Choice(DISPATCH_MODES)),
-    default="timed,adaptive",
-    show_default=True,
-)
-@click.option(
-    "--baseline",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="an older checkout with its own .venv, run beside this tree at every policy",
-)
+@servers.variant_options
 @click.option("--rounds", default=3, show_default=True)
 @click.option("--duration", default=5.0, show_default=True, help="seconds per level")
 @click.option("--max-batch-size", default=32, show_default=True)

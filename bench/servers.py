@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import psutil
 
 from carpool import processes
+from carpool.comma_list import CommaList
+from carpool.contract.batching import DISPATCH_MODES
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -123,6 +126,23 @@ def limit_command(
     if sizes:
         command += ["--sizes", ",".join(map(str, sizes))]
     return command
+
+
+def variant_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`--policies` (dispatch policies to run) and `--baseline` (an older checkout with its
+    own .venv, run beside this tree at every policy)."""
+    command = click.option(
+        "--baseline",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="an older checkout with its own .venv, run beside this tree at every policy",
+    )(command)
+    return click.option(
+        "--policies",
+        type=CommaList(click.Choice(DISPATCH_MODES)),
+        default="timed,adaptive",
+        show_default=True,
+    )(command)
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
