@@ -101,6 +101,13 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
         """A valid item for warm-up batches; None skips warm-up."""
         return None
 
+    def warmup_items(self) -> Sequence[Item]:
+        """One valid item per input shape the handler forms (a handler that pads to length
+        buckets gives one per bucket, shortest first): warm-up runs each at every batch size.
+        By default `example_item`. Called after `load`."""
+        example = self.example_item()
+        return [] if example is None else [example]
+
 
 # The server moves a handler's batch and outputs between its own methods without looking
 # inside, so it accepts a handler of any batch and output types.

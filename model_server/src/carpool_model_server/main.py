@@ -76,7 +76,14 @@ OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
     (
         "warmup_sizes",
         CommaList(AT_LEAST_1, none_word="none"),
-        "comma-separated batch sizes run before ready, or none (default 1,2,4..max)",
+        "comma-separated batch sizes run before ready, or none (default: every size "
+        "from 1 to max on a GPU, 1,2,4..max on a CPU)",
+    ),
+    (
+        "warmup_seconds",
+        AT_LEAST_0,
+        "warm-up stops after this long; shapes not reached run cold "
+        f"(default {config_module.DEFAULT_WARMUP_SECONDS})",
     ),
     (
         "example_shape",
@@ -187,7 +194,9 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    loading = asyncio.create_task(service.start(config.torch_threads, config.warmup_sizes))
+    loading = asyncio.create_task(
+        service.start(config.torch_threads, config.warmup_sizes, config.warmup_seconds)
+    )
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
