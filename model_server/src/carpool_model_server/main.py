@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 from aiohttp import web
 
-from carpool import event_loop
+from carpool import event_loop, heap
 from carpool.comma_list import CommaList, KeyValue
 from carpool.contract import frames
 from carpool.contract.handlers import BUILTIN_HANDLERS
@@ -207,6 +207,7 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
         code = 1
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
+        heap.freeze_startup()
         await stopping
     still_loading = not loading.done()
     if still_loading:
