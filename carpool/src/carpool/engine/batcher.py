@@ -238,7 +238,7 @@ class Batcher(Generic[ItemT, ResultT]):
             self._timeline.answered(token, finished, timing, learn=answer is not None)
             worker = self._timeline.worker.pooled
             self._metrics.model_learned(worker.fixed_s, worker.per_item_s, self._timeline.hop_s())
-            self._arrivals.pace(self._timeline.worker.pooled.predict(len(items)))
+            self._arrivals.pace(worker.predict(len(items)))
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)

@@ -57,8 +57,8 @@ class DurationFit:
     def known(self) -> bool:
         return bool(self._sizes)
 
-    def covers(self, size: int) -> bool:
-        """Whether the line rests on this size, or on more than one size."""
+    def covers(self, size: int | None) -> bool:
+        """Whether the line rests on this size (None: any size), or on more than one size."""
         return size in self._sizes or len(self._sizes) > 1
 
     def record(self, size: int, seconds: float) -> None:
@@ -121,8 +121,9 @@ class BucketedFit:
         if bucket is not None:
             self._buckets.setdefault(bucket, DurationFit()).record(size, seconds)
 
-    def fit(self, size: int, bucket: Hashable) -> DurationFit:
-        """The bucket's own line where it says something of `size`, else the pooled one."""
+    def fit(self, size: int | None, bucket: Hashable) -> DurationFit:
+        """The bucket's own line where it says something of `size` (None: of any size), else
+        the pooled one."""
         own = self._buckets.get(bucket)
         return own if own is not None and own.covers(size) else self.pooled
 
@@ -130,6 +131,5 @@ class BucketedFit:
         return self.fit(size, bucket).predict(size)
 
     def fixed_s(self, bucket: Hashable) -> float:
-        """What a batch of the bucket costs beyond its items (size 0 is never seen: the
-        bucket's own line once it rests on two sizes)."""
-        return self.fit(0, bucket).fixed_s
+        """What a batch of the bucket costs beyond its items."""
+        return self.fit(None, bucket).fixed_s
