@@ -56,10 +56,10 @@ async def test_outlier_batches_delay_no_later_batch_beyond_max_wait(
     batch before it."""
     # A long hop: a model server predicted to be busy for longer than it is idles for the
     # hop there and back before the next batch reaches it.
-    max_wait_s, hop_s = 0.005, 0.020
+    max_wait_s, hop_s = 0.005, 0.030
     model = fast(hop_s=hop_s, **outliers)
     async with running(model, max_wait_ms=1000 * max_wait_s) as served:
-        await load(served, 8, 2.5)
+        await load(served, 8, 3.0)
     slowest = max(model.ran, key=lambda batch: batch.finished - batch.started)
     settled = max(model.ran.index(slowest), 8)
     later = list(zip(model.ran[settled:], model.ran[settled + 1 :], strict=False))
@@ -67,9 +67,9 @@ async def test_outlier_batches_delay_no_later_batch_beyond_max_wait(
     delays = sorted(
         batch.started - max(before.finished, batch.submitted + hop_s / 2) for before, batch in later
     )
-    # Nine in ten, with 5 ms for the timers of a loaded machine (the fault this guards
+    # Nine in ten, with 10 ms for the timers of a loaded machine (the fault this guards
     # against delayed nearly every batch by the hop).
-    assert delays[int(0.9 * len(delays))] < max_wait_s + 0.005, delays[-10:]
+    assert delays[int(0.9 * len(delays))] < max_wait_s + 0.010, delays[-10:]
 
 
 def group_of(key: BatchKey, opened_at: float, count: int) -> Group:

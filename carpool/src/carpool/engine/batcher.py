@@ -222,7 +222,9 @@ class Batcher(Generic[ItemT, ResultT]):
 
     async def _run_batch(self, parts: list[AnyPart], items: list[ItemT], token: int) -> None:
         started = time.monotonic()
-        timeout_s = max(part.request.deadline for part in parts) - started
+        # Deadlines are loop time, whose timers the sender's timeout runs on: measured on that
+        # clock, the batch gives up no earlier than its last caller, who hears 504, not 503.
+        timeout_s = max(part.request.deadline for part in parts) - self._loop.time()
         answer = None
         try:
             answer = await execution.execute(self._sender, parts, items, timeout_s)
