@@ -7,6 +7,7 @@ rounds, against the model's own limit at every batch size the load can form.
     python bench/compare.py --peers litserve     # only this peer; --peers none: no peer
     python bench/compare.py --model trivial      # the HTTP front's own cost, concurrency 64
     python bench/compare.py --device cuda:0 --text-length long   # a batch-friendly GPU run
+    python bench/compare.py --handler stand-in --handler-options preset=fast   # a GPU's timing
 
 Each round starts every variant in turn (unbatched, carpool, then each peer whose venv is
 built), loads it at every concurrency, stops it, then measures the model's in-process limit
@@ -137,22 +138,7 @@ def _limit(
 
     limit.py prints one row per batch size: size, ms per batch, items/s.
     """
-    command = [
-        sys.executable,
-        str(LIMIT_SCRIPT),
-        "--handler",
-        settings.handler,
-        "--device",
-        settings.device,
-        "--torch-threads",
-        str(settings.torch_threads),
-        "--max-batch-size",
-        str(settings.max_batch_size),
-        "--sizes",
-        ",".join(map(str, sizes)),
-        "--text-length",
-        text_length,
-    ]
+    command = servers.limit_command(settings, text_length, sizes)
     log_path = results / "logs" / f"limit-{round_number}.log"
     done = subprocess.run(
         command,
@@ -205,8 +191,13 @@ def _peer_variants(
 @click.option(
     "--handler",
     default=None,
-    help="carpool handler: toy is sent floats, any other text "
+    help="carpool handler: toy and stand-in are sent floats, any other text "
     "(a BYTES input named 'text') [default: text-embedding | toy]",
+)
+@click.option(
+    "--handler-options",
+    default="",
+    help="The handler's own key=value,... for every variant, e.g. preset=fast for stand-in.",
 )
 @click.option("--model-name", default=None, help="Name served in URLs [default: the handler].")
 @click.option(
@@ -258,6 +249,7 @@ def _peer_variants(
 def main(
     model: str,
     handler: str | None,
+    handler_options: str,
     model_name: str | None,
     concurrency: tuple[int, ...] | None,
     rounds: int,
@@ -291,11 +283,13 @@ def main(
         torch_threads=torch_threads,
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
+        handler_options=handler_options,
     )
     variants = [servers.unbatched(settings), servers.carpool(settings)]
-    # The toy model takes floats, which the peer apps are not written for.
-    if trivial:
-        click.echo("peers: skipped for the trivial model", err=True)
+    # The toy model and the stand-in take floats, which the peer apps are not written for.
+    toy = handler in servers.FLOAT_HANDLERS
+    if toy:
+        click.echo(f"peers: skipped for {handler}", err=True)
     else:
         variants += _peer_variants(peer_names, install_peers, settings)
     measure_limit = not (trivial or no_limit)
@@ -306,8 +300,6 @@ def main(
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     results = results or servers.REPO_DIR / ".cache" / "bench" / f"compare-{model}-{stamp}"
     (results / "logs").mkdir(parents=True, exist_ok=True)
-    # The toy model takes four floats; every other handler is sent text, as MiniLM takes it.
-    toy = handler == "toy"
     spec = workload.WorkloadSpec(
         protocol="oip-json",
         payload="toy" if toy else "text",

@@ -1,12 +1,18 @@
-"""Timed against adaptive dispatch on one model, in alternating rounds, against its limit.
+"""Dispatch policies side by side on one model, in alternating rounds, against its limit.
 
     python bench/dispatch.py --rounds 3 --duration 5       # MiniLM, short texts, threads 1
+    python bench/dispatch.py --handler stand-in --handler-options preset=fast \\
+        --concurrency 1,8,32,128                           # a GPU's timing, on any machine
+    python bench/dispatch.py --baseline /tmp/old-checkout  # ... and an older tree beside it
 
-Both carpool servers (one per dispatch policy) and an unbatched server run for the whole
-run; each round loads them in turn, the unbatched one at one client only (the latency a
-lone caller would have without batching), then runs bench/limit.py. Prints per policy and
+One `carpool serve` per dispatch policy (and per policy of `--baseline`, a checkout with its
+own `.venv`) and an unbatched server run for the whole run; each round loads them in turn,
+in an order that reverses round by round, the unbatched one at one client only (the latency
+a lone caller would have without batching), then runs bench/limit.py. Prints per variant and
 concurrency the medians over rounds of items/s, items/s over the limit at batch size
-min(c, maxBatchSize), mean batch size and p50, and timed/adaptive paired round by round.
+min(c, maxBatchSize), mean batch size, p50, p99 and p99/p50, the batches by reason, and
+ratios paired round by round: each variant over the first policy, and over the unbatched
+server at one client.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import subprocess
-import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -26,25 +31,14 @@ from carpool import processes
 from carpool.loadgen import runner, workload
 from carpool.loadgen.report import CellResult
 
-POLICIES = ("timed", "adaptive")
 REASONS = ("idle", "model_ready", "timeout", "full")
+UNBATCHED = "unbatched"
 
 
 def _limit(settings: servers.ModelSettings, text_length: workload.TextLength) -> dict[int, float]:
     """Items/s of the model in process, by batch size (bench/limit.py)."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(servers.BENCH_DIR / "limit.py"),
-            "--handler",
-            settings.handler,
-            "--torch-threads",
-            str(settings.torch_threads),
-            "--text-length",
-            text_length,
-            "--max-batch-size",
-            str(settings.max_batch_size),
-        ],
+        servers.limit_command(settings, text_length),
         capture_output=True,
         text=True,
         env=processes.environment(servers.OFFLINE),
@@ -73,10 +67,34 @@ async def _cells(
     return await runner.run(settings, prepared)
 
 
+def _line(name: str, level: int, runs: list[CellResult], limits: list[float]) -> str:
+    med = statistics.median
+    ratios = [c.items_per_second / limit for c, limit in zip(runs, limits, strict=False)]
+    stats = [c.batching for c in runs if c.batching]
+    text = (
+        f"{name:>14} c={level:<3} items/s {med(c.items_per_second for c in runs):7.1f}"
+        f"  /limit {med(ratios) if ratios else float('nan'):.2f}"
+        f"  p50 {1000 * med(c.latency.p50 for c in runs):6.2f} ms"
+        f"  p99 {1000 * med(c.latency.p99 for c in runs):6.2f} ms"
+        f"  p99/p50 {med(c.latency.p99 / c.latency.p50 for c in runs):4.2f}"
+    )
+    if stats:
+        text += (
+            f"  batch {med(c.mean_items_per_batch for c in stats):5.2f}"
+            f"  queue wait {1000 * med(c.queue_wait_mean for c in stats):5.2f} ms  "
+            + " ".join(
+                f"{r}={sum(c.batches_by_reason.get(r, 0) for c in stats):g}" for r in REASONS
+            )
+        )
+    return text
+
+
 @click.command()
 @click.option("--handler", default="text-embedding", show_default=True)
+@click.option("--handler-options", default="", help="e.g. preset=fast for stand-in")
 @click.option("--torch-threads", default=1, show_default=True)
 @click.option("--concurrency", default="1,8,32,64", show_default=True)
+@servers.variant_options
 @click.option("--rounds", default=3, show_default=True)
 @click.option("--duration", default=5.0, show_default=True, help="seconds per level")
 @click.option("--max-batch-size", default=32, show_default=True)
@@ -84,8 +102,11 @@ async def _cells(
 @click.option("--text-length", type=click.Choice(workload.TEXT_LENGTHS), default="short")
 def main(
     handler: str,
+    handler_options: str,
     torch_threads: int,
     concurrency: str,
+    policies: tuple[str, ...],
+    baseline: Path | None,
     rounds: int,
     duration: float,
     max_batch_size: int,
@@ -94,25 +115,31 @@ def main(
 ) -> None:
     levels = tuple(int(level) for level in concurrency.split(","))
     settings = servers.ModelSettings(
-        handler, handler, "cpu", torch_threads, max_batch_size, max_wait_ms
+        handler, handler, "cpu", torch_threads, max_batch_size, max_wait_ms, handler_options
     )
+    floats = handler in servers.FLOAT_HANDLERS
     prepared = workload.build(
         workload.WorkloadSpec(
             protocol="oip-json",
-            payload="text",
+            payload="toy" if floats else "text",
             model_name=handler,
-            input_name="text",
+            input_name="input" if floats else "text",
             text_length=text_length,
         )
     )
-    # No gRPC front: its fixed port would clash between the two.
+    # No gRPC front: its fixed port would clash between them.
     carpool = servers.carpool(settings).command
+    trees = {"": carpool}
+    if baseline is not None:
+        python = str(baseline / ".venv" / "bin" / "python")
+        trees["base-"] = (python, "-m", "carpool", *carpool[carpool.index("serve") :])
     variants = {
-        policy: servers.Variant(policy, (*carpool, "--grpc-port", "0", "--dispatch", policy))
-        for policy in POLICIES
+        prefix + policy: servers.Variant(prefix + policy, (*command, "--dispatch", policy))
+        for prefix, command in trees.items()
+        for policy in policies
     }
-    variants["unbatched"] = servers.unbatched(settings)
-    # (policy, concurrency) -> one cell per round; limit size -> items/s per round.
+    variants[UNBATCHED] = servers.unbatched(settings)
+    # (variant, concurrency) -> one cell per round; limit size -> items/s per round.
     cells: dict[tuple[str, int], list[CellResult]] = {}
     limits: dict[int, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="carpool-dispatch-") as logs, ExitStack() as stack:
@@ -120,9 +147,10 @@ def main(
             name: stack.enter_context(servers.started(variant, Path(logs) / f"{name}.log", 300))
             for name, variant in variants.items()
         }
+        order = list(running.items())
         for round_number in range(1, rounds + 1):
-            for name, server in running.items():
-                loads = (1,) if name == "unbatched" else levels
+            for name, server in order if round_number % 2 else order[::-1]:
+                loads = (1,) if name == UNBATCHED else levels
                 for cell in asyncio.run(_cells(server.url, prepared, loads, duration)):
                     cells.setdefault((name, int(cell.level)), []).append(cell)
             for size, rate in _limit(settings, text_length).items():
@@ -130,42 +158,32 @@ def main(
             click.echo(f"round {round_number} done", err=True)
     med = statistics.median
     click.echo(
-        f"{handler}, torch threads {torch_threads}, {text_length} texts, {rounds} rounds "
-        f"of {duration:g} s per level, maxBatchSize {max_batch_size}, "
+        f"{handler} {handler_options}, torch threads {torch_threads}, {text_length} texts, "
+        f"{rounds} rounds of {duration:g} s per level, maxBatchSize {max_batch_size}, "
         f"maxWaitMs {max_wait_ms:g}; medians over rounds"
     )
     by_size = sorted(limits.items())
     click.echo("limit items/s: " + ", ".join(f"b={s} {med(r):.1f}" for s, r in by_size))
     for (name, level), runs in sorted(cells.items()):
-        size = min(level, max_batch_size)
-        ceiling = limits.get(size, [])
-        ratios = [c.items_per_second / limit for c, limit in zip(runs, ceiling, strict=False)]
-        stats = [c.batching for c in runs if c.batching]
-        batch = [c.mean_items_per_batch for c in stats]
-        click.echo(
-            f"{name:>9} c={level:<3} items/s {med(c.items_per_second for c in runs):7.1f}"
-            f"  /limit(b={size}) {med(ratios) if ratios else float('nan'):.2f}"
-            f"  batch {med(batch) if batch else float('nan'):5.2f}"
-            f"  p50 {1000 * med(c.latency.p50 for c in runs):7.1f} ms"
-            + (
-                f"  queue wait {1000 * med(c.queue_wait_mean for c in stats):5.2f} ms  "
-                + " ".join(
-                    f"{r}={sum(c.batches_by_reason.get(r, 0) for c in stats):g}" for r in REASONS
-                )
-                if stats
-                else ""
-            )
-        )
-    for level in levels:
-        pairs = zip(cells[("timed", level)], cells[("adaptive", level)], strict=True)
-        ratio = med(t.items_per_second / a.items_per_second for t, a in pairs)
-        click.echo(f"timed/adaptive c={level}: items/s {ratio:.2f}")
-    if (1 in levels) and ("unbatched", 1) in cells:
-        for policy in POLICIES:
-            pairs = zip(cells[(policy, 1)], cells[("unbatched", 1)], strict=True)
+        click.echo(_line(name, level, runs, limits.get(min(level, max_batch_size), [])))
+    first = next(iter(variants))
+    for name in variants:
+        if name in (first, UNBATCHED):
+            continue
+        for level in levels:
+            pairs = zip(cells[(name, level)], cells[(first, level)], strict=True)
+            ratio = med(v.items_per_second / f.items_per_second for v, f in pairs)
+            click.echo(f"{name}/{first} c={level}: items/s {ratio:.2f}")
+    if 1 in levels:
+        for name in variants:
+            if name == UNBATCHED:
+                continue
+            pairs = list(zip(cells[(name, 1)], cells[(UNBATCHED, 1)], strict=True))
             click.echo(
-                f"{policy}/unbatched p50 at c=1: "
-                f"{med(p.latency.p50 / u.latency.p50 for p, u in pairs):.2f}"
+                f"{name}/unbatched at c=1: p50 "
+                f"{med(v.latency.p50 / u.latency.p50 for v, u in pairs):.3f} "
+                f"(+{1000 * med(v.latency.p50 - u.latency.p50 for v, u in pairs):.2f} ms), "
+                f"items/s {med(v.items_per_second / u.items_per_second for v, u in pairs):.3f}"
             )
 
 

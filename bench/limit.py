@@ -24,6 +24,7 @@ from typing import get_args
 
 import torch
 
+from carpool.comma_list import CommaList, KeyValue
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool.loadgen.workload import TextLength, text_items
 from carpool_model_server.config import DTYPES, parse
@@ -61,6 +62,12 @@ def _sizes(text: str) -> tuple[int, ...]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--handler", default="text-embedding")
+    parser.add_argument(
+        "--handler-options",
+        type=lambda text: CommaList(KeyValue()).convert(text, None, None),
+        default=(),
+        help="the handler's own key=value,... (e.g. preset=fast for stand-in)",
+    )
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", choices=DTYPES, default="fp32")
@@ -89,12 +96,18 @@ def main() -> None:
             "device": args.device,
             "dtype": args.dtype,
             "max_batch_size": args.max_batch_size,
+            "handler_options": args.handler_options,
         }
     )
     torch.set_num_threads(args.torch_threads)
     device = resolve_device(config)
     handler = load_handler_class(config.handler)(
-        HandlerSettings(config.model_path, resolve_dtype(config, device), config.max_batch_size)
+        HandlerSettings(
+            config.model_path,
+            resolve_dtype(config, device),
+            config.max_batch_size,
+            dict(config.handler_options),
+        )
     )
     with torch.inference_mode():
         handler.load(device)

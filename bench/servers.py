@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
 import psutil
 
 from carpool import processes
+from carpool.comma_list import CommaList
+from carpool.contract.batching import DISPATCH_MODES
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -34,6 +37,12 @@ class ModelSettings:
     torch_threads: int
     max_batch_size: int
     max_wait_ms: float
+    # The handler's own `--handler-options` (the stand-in's timing), for every variant alike.
+    handler_options: str = ""
+
+
+# Handlers sent four floats (`--payload toy`); every other one is sent text, as MiniLM takes.
+FLOAT_HANDLERS = ("toy", "stand-in")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,8 @@ def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
         "--torch-threads",
         str(settings.torch_threads),
     )
+    if settings.handler_options:
+        common += ("--handler-options", settings.handler_options)
     if not batched:
         return common
     return (
@@ -89,6 +100,49 @@ def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
         "--max-wait-ms",
         f"{settings.max_wait_ms:g}",
     )
+
+
+def limit_command(
+    settings: ModelSettings, text_length: str, sizes: tuple[int, ...] = ()
+) -> list[str]:
+    """bench/limit.py for the model every variant serves, on the same text mix; at `sizes`,
+    or at every size up to the max batch size."""
+    command = [
+        sys.executable,
+        str(BENCH_DIR / "limit.py"),
+        "--handler",
+        settings.handler,
+        "--device",
+        settings.device,
+        "--torch-threads",
+        str(settings.torch_threads),
+        "--max-batch-size",
+        str(settings.max_batch_size),
+        "--text-length",
+        text_length,
+    ]
+    if settings.handler_options:
+        command += ["--handler-options", settings.handler_options]
+    if sizes:
+        command += ["--sizes", ",".join(map(str, sizes))]
+    return command
+
+
+def variant_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`--policies` (dispatch policies to run) and `--baseline` (an older checkout with its
+    own .venv, run beside this tree at every policy)."""
+    command = click.option(
+        "--baseline",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        default=None,
+        help="an older checkout with its own .venv, run beside this tree at every policy",
+    )(command)
+    return click.option(
+        "--policies",
+        type=CommaList(click.Choice(DISPATCH_MODES)),
+        default="timed,adaptive",
+        show_default=True,
+    )(command)
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

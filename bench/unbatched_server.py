@@ -19,6 +19,7 @@ import click
 import torch
 from aiohttp import web
 
+from carpool.comma_list import CommaList, KeyValue
 from carpool.contract.wire import Item, Tensor
 from carpool.engine.errors import BadRequest, ModelError, SidecarError
 from carpool_model_server.handler import HandlerSettings, load_handler_class
@@ -109,19 +110,25 @@ def build_app(runner: Runner, model_name: str, torch_threads: int | None) -> web
 
 @click.command()
 @click.option("--handler", default="text-embedding", show_default=True)
+@click.option("--handler-options", type=CommaList(KeyValue()), default=(), help="e.g. preset=fast")
 @click.option("--model-name", default=None, help="[default: the handler name]")
 @click.option("--port", type=int, required=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--torch-threads", type=int, default=None, help="torch intra-op threads.")
 def main(
-    handler: str, model_name: str | None, port: int, device: str, torch_threads: int | None
+    handler: str,
+    handler_options: tuple[tuple[str, str], ...],
+    model_name: str | None,
+    port: int,
+    device: str,
+    torch_threads: int | None,
 ) -> None:
     """Serve one model without batching, on 127.0.0.1."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     handler_class = load_handler_class(handler)
     name = model_name or handler
     # One item at a time: the handler never sees a batch larger than one request.
-    settings = HandlerSettings(model_path=None, dtype=torch.float32, max_batch_size=64)
+    settings = HandlerSettings(None, torch.float32, 64, dict(handler_options))
     runner = Runner(handler_class(settings), _device(device), ModelMetrics.create(name), 64)
     app = build_app(runner, name, torch_threads)
     # run_app turns SIGINT/SIGTERM into a clean exit that runs cleanup_ctx.

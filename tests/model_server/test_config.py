@@ -28,12 +28,12 @@ def test_defaults() -> None:
     settings = parse(*BASE)
     assert (settings.model_name, settings.device, settings.dtype) == ("toy", "auto", "fp32")
     assert settings.max_batch_size == 64
-    assert settings.warmup_sizes == (1, 2, 4, 8, 16, 32, 64)
+    # Unset: the device decides (every size on a GPU, powers of two on a CPU), in 300 s.
+    assert (settings.warmup_sizes, settings.warmup_seconds) == (None, 300)
     assert settings.socket == Path("/tmp/carpool-test.sock") and settings.port is None
 
 
-def test_warmup_sizes_reach_the_max_batch_size() -> None:
-    assert parse(*BASE, "--max-batch-size", "12").warmup_sizes == (1, 2, 4, 8, 12)
+def test_warmup_sizes() -> None:
     assert parse(*BASE, "--warmup-sizes", "4,1,4").warmup_sizes == (1, 4)
     assert parse(*BASE, "--warmup-sizes", "none").warmup_sizes == ()
     assert parse(*BASE, "--warmup-sizes", "None").warmup_sizes == ()
@@ -43,7 +43,7 @@ def test_empty_environment_variables_mean_the_default(monkeypatch: pytest.Monkey
     # An empty environment variable counts as unset; only "none" turns warm-up off.
     monkeypatch.setenv("CARPOOL_MODEL_WARMUP_SIZES", "")
     monkeypatch.setenv("CARPOOL_MODEL_MAX_BATCH_SIZE", "")
-    assert parse(*BASE).warmup_sizes == (1, 2, 4, 8, 16, 32, 64)
+    assert parse(*BASE).warmup_sizes is None
 
 
 def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_toy import ToyHandler
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner
+from carpool_model_server.warmup import default_sizes
 
 
 class CountingToy(ToyHandler):
@@ -151,3 +152,38 @@ async def test_a_warmup_item_replaces_the_handlers_example() -> None:
         runner.close()
     assert handler.batch_sizes == [1, 4]
     assert handler.rows == [[7.0] * 4] * 5  # not the toy's own example, zeros
+
+
+class ShapedToy(CountingToy):
+    """Forms two input shapes (told apart here by value): warm-up must run both at every size."""
+
+    def warmup_items(self) -> list[dict[str, Tensor]]:
+        return [item(1), item(2)]
+
+
+async def test_warm_up_runs_every_size_at_every_shape_the_handler_forms() -> None:
+    handler = ShapedToy(HandlerSettings(None, torch.float32, 3))
+    runner = Runner(handler, torch.device("cpu"), ModelMetrics.create("toy"), 3)
+    try:
+        await runner.load(1, [1, 2, 3])
+    finally:
+        runner.close()
+    assert handler.batch_sizes == [1, 1, 2, 2, 3, 3]
+    assert [row[0] for row in handler.rows] == [1, 2, 1, 1, 2, 2, 1, 1, 1, 2, 2, 2]
+
+
+def test_a_gpu_warms_up_every_size_a_cpu_the_powers_of_two() -> None:
+    assert default_sizes(6, torch.device("cuda", 0)) == (1, 2, 3, 4, 5, 6)
+    assert default_sizes(12, torch.device("cpu")) == (1, 2, 4, 8, 12)
+    assert default_sizes(64, torch.device("cpu")) == (1, 2, 4, 8, 16, 32, 64)
+
+
+async def test_warm_up_stops_when_its_time_is_spent(caplog: pytest.LogCaptureFixture) -> None:
+    runner, handler = make_runner(max_batch_size=64)
+    try:
+        await runner.load(1, list(range(1, 65)), warmup_seconds=0)
+    finally:
+        runner.close()
+    # The first size runs; the time is spent after it, and the log says what was left.
+    assert handler.batch_sizes == [1]
+    assert "with 1 of 64 batch sizes run; batches of 2 items and more" in caplog.text

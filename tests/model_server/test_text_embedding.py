@@ -18,11 +18,14 @@ from support.model_server import ModelServer, http_get, post_batch, run_model_se
 from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_embedding import (
+    BUCKETS,
     MAX_CHARS,
     MAX_TEXT_BYTES,
     MAX_TOKENS,
     TextEmbeddingHandler,
 )
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
 
 SENTENCES = [
     "A cat sits on the mat.",
@@ -165,6 +168,49 @@ def test_warm_up_text_fills_the_token_limit(reference: SentenceTransformer) -> N
     (text,) = example["text"].data
     assert isinstance(text, bytes)
     assert token_count(reference, text.decode()) > MAX_TOKENS
+
+
+async def test_on_a_gpu_batches_take_only_shapes_warm_up_ran() -> None:
+    """With length buckets (a GPU's default; asked for here on the CPU) a batch pads to one
+    of a few lengths, and warm-up runs every batch size at every one of them: no batch has
+    a shape the device has not run before ready."""
+    handler = TextEmbeddingHandler(HandlerSettings(None, torch.float32, 3, {"padding": "buckets"}))
+    shapes: list[tuple[int, ...]] = []
+    infer = handler.infer
+    handler.infer = lambda batch: shapes.append(tuple(batch.input_ids.shape)) or infer(batch)  # type: ignore[method-assign]
+    runner = Runner(handler, torch.device("cpu"), ModelMetrics.create("minilm"), 3, pipeline=False)
+    try:
+        await runner.load(1, [1, 2, 3])
+        warmed = set(shapes)
+        assert warmed == {(size, length) for size in (1, 2, 3) for length in BUCKETS}
+        shapes.clear()
+        # Every length from 1 word to past MAX_TOKENS, a word a token.
+        texts = [" ".join(["the"] * words) for words in range(1, MAX_TOKENS + 20)]
+        for start in range(0, len(texts), 3):
+            results = await runner.run([text_item(text) for text in texts[start : start + 3]])
+            assert all(result.error is None for result in results)
+    finally:
+        runner.close()
+    assert set(shapes) <= warmed
+
+
+def test_bucket_padding_leaves_the_embeddings_as_they_were() -> None:
+    def handler(padding: str) -> TextEmbeddingHandler:
+        loaded = TextEmbeddingHandler(HandlerSettings(None, torch.float32, 8, {"padding": padding}))
+        loaded.load(torch.device("cpu"))
+        return loaded
+
+    items = [text_item(s) for s in SENTENCES]
+    embeddings = []
+    for padding in ("buckets", "longest"):
+        loaded = handler(padding)
+        with torch.inference_mode():
+            prepared = loaded.preprocess(items)
+            assert prepared.batch is not None
+            embeddings.append(loaded.infer(prepared.batch).numpy())
+        lengths = prepared.batch.input_ids.shape[1]
+        assert (lengths in BUCKETS) == (padding == "buckets")
+    np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-5)
 
 
 @pytest.fixture(scope="module")

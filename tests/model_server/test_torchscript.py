@@ -60,7 +60,7 @@ async def test_example_shape_warms_up_every_size_before_ready(tmp_path: Path) ->
         matrix = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
         results = await post_batch(server, [{"input": Tensor.from_numpy(matrix)}])
     for size in (1, 4):
-        assert f"warm-up batch of {size} took" in log_when_ready, log_when_ready
+        assert f"warm-up at batch size {size} took" in log_when_ready, log_when_ready
     assert results[0].outputs is not None
     assert results[0].outputs["output"].to_numpy().tolist() == [6.0, 15.0]
 

@@ -34,3 +34,17 @@ class CommaList(click.ParamType[tuple[T, ...]]):
             hint = f", or {self.none_word}" if self.none_word else ""
             self.fail(f"{value!r} names no {self.item.name}{hint}", param, ctx)
         return tuple(self.item.convert(part, param, ctx) for part in parts)
+
+
+class KeyValue(click.ParamType[tuple[str, str]]):
+    """One `key=value` part of a CommaList, such as `--handler-options preset=fast,jitter=0.1`."""
+
+    name = "key=value"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, str]:
+        key, equals, text = str(value).partition("=")
+        if not (equals and key.strip()):
+            self.fail(f"{value!r} is not key=value", param, ctx)
+        return key.strip(), text.strip()

@@ -39,7 +39,7 @@ STOP_TIMEOUT_S = 40.0
 # How often a running pair is checked for a child that exited on its own.
 WATCH_S = 0.2
 # Model server flags handed on as given; --max-batch-size goes to both processes.
-MODEL_FLAGS = ["model-path", "device", "torch-threads", "max-batch-size"]
+MODEL_FLAGS = ["handler-options", "model-path", "device", "torch-threads", "max-batch-size"]
 # No load balancer to wait for locally, but a request already sent when the signal comes
 # (in the listen backlog, or on a kept-alive connection) is read only on a later turn of
 # the sidecar's loop: with no delay at all, closing the port reset it or answered 503.
@@ -48,6 +48,7 @@ DRAIN_DELAY_S = 0.5
 
 @click.command("serve")
 @click.option("--handler", required=True, help="model server handler, e.g. text-embedding")
+@click.option("--handler-options", help="the handler's own key=value,... (e.g. stand-in's)")
 @click.option("--model-name", help="name in URLs (default: the handler name)")
 @click.option("--model-path", help="model file, for the torchscript handler")
 @click.option("--device", help="auto | cpu | cuda:N (model server default: auto)")

@@ -27,7 +27,14 @@ def build_service(config: Config) -> ModelService:
         except ValueError as error:
             shape = ",".join(map(str, config.example_shape))
             raise ConfigError(key_name("example_shape"), shape, str(error)) from error
-    handler = handler_class(HandlerSettings(config.model_path, dtype, config.max_batch_size))
+    options = dict(config.handler_options)
+    try:
+        handler = handler_class(
+            HandlerSettings(config.model_path, dtype, config.max_batch_size, options)
+        )
+    except ValueError as error:
+        shown = ",".join(f"{key}={value}" for key, value in config.handler_options)
+        raise ConfigError(key_name("handler_options"), shown, str(error)) from error
     metrics = ModelMetrics.create(config.model_name)
     runner = Runner(
         handler, device, metrics, config.max_batch_size, warmup_item, pipeline=config.pipeline

@@ -15,6 +15,8 @@ DTYPES: tuple[Dtype, ...] = ("fp32", "fp16", "bf16")
 ENV_PREFIX = "CARPOOL_MODEL_"
 DEFAULT_MAX_BATCH_SIZE = MODEL_MAX_BATCH_SIZE
 DEFAULT_DRAIN_SECONDS = DRAIN_SECONDS
+# Warm-up stops once it has run this long; the shapes it did not reach run cold.
+DEFAULT_WARMUP_SECONDS = 300
 _DEVICE = re.compile(r"auto|cpu|cuda:\d+")
 
 
@@ -32,10 +34,14 @@ class Config:
     dtype: Dtype
     max_batch_size: int
     torch_threads: int | None
-    warmup_sizes: tuple[int, ...]
+    # None: every size on a GPU, powers of two on a CPU (`warmup.default_sizes`).
+    warmup_sizes: tuple[int, ...] | None
+    warmup_seconds: int
     example_shape: tuple[int, ...] | None
     drain_seconds: int
     pipeline: bool
+    # The handler's own settings (`--handler-options key=value,...`), in the order given.
+    handler_options: tuple[tuple[str, str], ...] = ()
 
 
 def key_name(option: str) -> str:
@@ -59,9 +65,11 @@ class Options(TypedDict, total=False):
     max_batch_size: int | None
     torch_threads: int | None
     warmup_sizes: tuple[int, ...] | None
+    warmup_seconds: int | None
     example_shape: tuple[int, ...] | None
     drain_seconds: int | None
     pipeline: bool | None
+    handler_options: tuple[tuple[str, str], ...] | None
 
 
 def parse(options: Options) -> Config:
@@ -81,7 +89,6 @@ def parse(options: Options) -> Config:
     model_path = options.get("model_path")
     if handler == "torchscript" and model_path is None:
         raise ConfigError(key_name("model_path"), None, "the torchscript handler needs a file")
-    drain_seconds = options.get("drain_seconds")
     return Config(
         handler=handler,
         model_name=options.get("model_name") or handler,
@@ -96,21 +103,22 @@ def parse(options: Options) -> Config:
         max_batch_size=max_batch_size,
         torch_threads=options.get("torch_threads"),
         warmup_sizes=_warmup_sizes(options.get("warmup_sizes"), max_batch_size),
+        warmup_seconds=_given(options.get("warmup_seconds"), DEFAULT_WARMUP_SECONDS),
         example_shape=options.get("example_shape"),
-        drain_seconds=DEFAULT_DRAIN_SECONDS if drain_seconds is None else drain_seconds,
+        drain_seconds=_given(options.get("drain_seconds"), DEFAULT_DRAIN_SECONDS),
         pipeline=options.get("pipeline") is not False,
+        handler_options=options.get("handler_options") or (),
     )
 
 
-def _warmup_sizes(sizes: tuple[int, ...] | None, max_batch_size: int) -> tuple[int, ...]:
-    """Powers of two up to the max batch size when unset; () (from "none") turns warm-up off."""
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _warmup_sizes(sizes: tuple[int, ...] | None, max_batch_size: int) -> tuple[int, ...] | None:
+    """None when unset (the device decides); () (from "none") turns warm-up off."""
     if sizes is None:
-        powers = [1]
-        while powers[-1] * 2 <= max_batch_size:
-            powers.append(powers[-1] * 2)
-        if powers[-1] != max_batch_size:
-            powers.append(max_batch_size)
-        return tuple(powers)
+        return None
     if any(size > max_batch_size for size in sizes):
         shown = ",".join(map(str, sizes))
         raise ConfigError(key_name("warmup_sizes"), shown, f"sizes must lie in 1..{max_batch_size}")

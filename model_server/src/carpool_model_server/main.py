@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, cast
 import click
 from aiohttp import web
 
-from carpool import event_loop
-from carpool.comma_list import CommaList
+from carpool import event_loop, heap
+from carpool.comma_list import CommaList, KeyValue
 from carpool.contract import frames
+from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.pod import LOAD_FAILED
 from carpool_model_server import config as config_module
 from carpool_model_server.config import Config
@@ -42,7 +43,12 @@ OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
     (
         "handler",
         click.STRING,
-        "toy | torchscript | text-embedding | text-generation | module:Class",
+        " | ".join([*BUILTIN_HANDLERS, "module:Class"]),
+    ),
+    (
+        "handler_options",
+        CommaList(KeyValue()),
+        "the handler's own settings, e.g. preset=fast,jitter=0.1 for stand-in",
     ),
     ("model_name", click.STRING, "name in metrics and metadata (default: the handler name)"),
     ("model_path", PATH, "model file (torchscript) or folder (text-generation)"),
@@ -70,7 +76,14 @@ OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
     (
         "warmup_sizes",
         CommaList(AT_LEAST_1, none_word="none"),
-        "comma-separated batch sizes run before ready, or none (default 1,2,4..max)",
+        "comma-separated batch sizes run before ready, or none (default: every size "
+        "from 1 to max on a GPU, 1,2,4..max on a CPU)",
+    ),
+    (
+        "warmup_seconds",
+        AT_LEAST_0,
+        "warm-up stops after this long; shapes not reached run cold "
+        f"(default {config_module.DEFAULT_WARMUP_SECONDS})",
     ),
     (
         "example_shape",
@@ -181,7 +194,9 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    loading = asyncio.create_task(service.start(config.torch_threads, config.warmup_sizes))
+    loading = asyncio.create_task(
+        service.start(config.torch_threads, config.warmup_sizes, config.warmup_seconds)
+    )
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
@@ -192,6 +207,7 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
         code = 1
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
+        heap.freeze_startup()
         await stopping
     still_loading = not loading.done()
     if still_loading:

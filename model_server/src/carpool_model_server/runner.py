@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from carpool_model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool_model_server.fatal import is_fatal
 from carpool_model_server.handler import AnyHandler, Prepared
 from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.warmup import default_sizes
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -61,11 +63,21 @@ class Runner:
         # The worker preprocesses too (warm-up, isolation): one preprocess at a time.
         self._preprocessing = threading.Lock()
 
-    async def load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
-        """Load the model and run one warm-up batch of each size, on the worker thread."""
+    async def load(
+        self,
+        torch_threads: int | None,
+        warmup_sizes: Sequence[int] | None,
+        warmup_seconds: float = math.inf,
+    ) -> None:
+        """Load the model and run one warm-up batch of each size at each of the handler's
+        input shapes, on the worker thread, for `warmup_seconds` at most; None: the sizes
+        `warmup.default_sizes` gives for the device."""
         if self._preparer is not None and torch_threads is not None:
             await self._on(self._preparer, torch.set_num_threads, torch_threads)
-        await self._on(self._executor, self._load, torch_threads, warmup_sizes)
+        sizes = warmup_sizes
+        if sizes is None:
+            sizes = default_sizes(self.max_batch_size, self.device)
+        await self._on(self._executor, self._load, torch_threads, sizes, warmup_seconds)
 
     async def run(self, items: Sequence[Item]) -> list[ItemResult]:
         """Answer every item, in order; a request above the max batch size runs as several.
@@ -123,7 +135,9 @@ class Runner:
             prepared: Prepared[object] = self.handler.preprocess(items)
         return prepared
 
-    def _load(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
+    def _load(
+        self, torch_threads: int | None, warmup_sizes: Sequence[int], warmup_seconds: float
+    ) -> None:
         if torch_threads is not None:
             # Set on the thread that runs the model: OpenMP keeps this setting per thread.
             torch.set_num_threads(torch_threads)
@@ -131,20 +145,35 @@ class Runner:
         with torch.inference_mode():
             self.handler.load(self.device)
         log.info("loaded %s in %.2fs", type(self.handler).__name__, time.monotonic() - started)
-        example = self._warmup_item
-        if example is None:
-            example = self.handler.example_item()
-        if example is None:
+        examples = self.handler.warmup_items() if self._warmup_item is None else [self._warmup_item]
+        if not examples:
             log.info("handler gives no example item and no --example-shape is set: no warm-up")
             return
-        for size in warmup_sizes:
-            started = time.monotonic()
-            results = self._isolate([example] * size)
-            failed = [r.error for r in results if r.error is not None]
-            if failed:
-                raise RuntimeError(f"warm-up batch of {size} failed: {failed[0]}")
-            log.info("warm-up batch of %d took %.3fs", size, time.monotonic() - started)
+        self._warm_up(examples, warmup_sizes, warmup_seconds)
         self.metrics.observe_gpu(self.device)
+
+    def _warm_up(self, examples: Sequence[Item], sizes: Sequence[int], seconds: float) -> None:
+        """Every size at every example's shape, smallest batches first, until `seconds` have
+        passed (the first size runs whatever the time)."""
+        begun = time.monotonic()
+        for done, size in enumerate(sizes):
+            if done and time.monotonic() - begun > seconds:
+                log.warning(
+                    "warm-up stopped after %.0fs (--warmup-seconds) with %d of %d batch sizes "
+                    "run; batches of %d items and more may be slow on their first run",
+                    time.monotonic() - begun, done, len(sizes), size,
+                )  # fmt: skip
+                return
+            started = time.monotonic()
+            for example in examples:
+                results = self._isolate([example] * size)
+                failed = [r.error for r in results if r.error is not None]
+                if failed:
+                    raise RuntimeError(f"warm-up batch of {size} failed: {failed[0]}")
+            took = time.monotonic() - started
+            log.info(
+                "warm-up at batch size %d took %.3fs (input shapes: %d)", size, took, len(examples)
+            )
 
     def _run_measured(
         self, items: Sequence[Item], prepared: Prepared[object] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,9 +22,14 @@ class ModelService:
         self._batches_in_flight = 0
         self._last_batch_at = time.monotonic()
 
-    async def start(self, torch_threads: int | None, warmup_sizes: Sequence[int]) -> None:
+    async def start(
+        self,
+        torch_threads: int | None,
+        warmup_sizes: Sequence[int] | None,
+        warmup_seconds: float = math.inf,
+    ) -> None:
         """Load and warm up; the service answers batches only afterwards."""
-        await self.runner.load(torch_threads, warmup_sizes)
+        await self.runner.load(torch_threads, warmup_sizes, warmup_seconds)
         self.ready = True
 
     async def infer(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming]:

@@ -14,7 +14,7 @@ import click
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from carpool import event_loop
+from carpool import event_loop, heap
 from carpool.contract.pod import MODEL_SERVER_URL
 from carpool.engine.settings import BatchingSettings, ConfigError
 from carpool.knob_flags import knob_options, knob_values
@@ -146,6 +146,7 @@ async def serve(config: SidecarConfig) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        heap.freeze_startup()
         await stop.wait()
         # Not ready at once, but serving on: endpoints and load balancers take a while to stop
         # sending, and a request that finds the port closed is lost.

@@ -12,5 +12,6 @@ BUILTIN_HANDLERS: Mapping[str, str] = MappingProxyType(
         "torchscript": "carpool_model_server.handler_torchscript:TorchScriptHandler",
         "text-embedding": "carpool_model_server.handler_text_embedding:TextEmbeddingHandler",
         "text-generation": "carpool_model_server.handler_text_generation:TextGenerationHandler",
+        "stand-in": "carpool_model_server.handler_stand_in:StandInHandler",
     }
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -123,7 +124,7 @@ class BatchQueue:
         left without waiting requests goes, with whatever it still holds."""
         if request.sent == 0:
             # Left the queue unsent (expired, cancelled, shut down): its wait shows overload.
-            self._metrics.queue_wait.observe(request.future.get_loop().time() - request.enqueued_at)
+            self._metrics.queue_wait.observe(time.monotonic() - request.enqueued_at)
         self._release(request)
         unsent = request.unsent
         request.sent = len(request.items)

@@ -4,7 +4,8 @@ Callers `submit` their items and await one future. A single dispatcher task (`ru
 batches from compatible queued items (`batch_queue`, `scheduling`) and hands each to the
 sender in its own task, at most `max_inflight_batches` at a time; `execution` fans the
 answers, or one error, back out to the callers. The window of a forming batch opens at its
-first item.
+first item. Its clock is `time.monotonic`: uvloop's `loop.time()` counts whole milliseconds,
+and a fast device's batch takes two or three.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import time
 from collections.abc import Sequence
 from typing import Generic
 
@@ -85,7 +88,7 @@ class Batcher(Generic[ItemT, ResultT]):
 
     def retry_after_s(self) -> int:
         """Seconds until the queue has likely drained, from throughput of the last seconds."""
-        return self._throughput.retry_after_s(self._queue.items, self._loop.time())
+        return self._throughput.retry_after_s(self._queue.items, time.monotonic())
 
     async def submit(
         self,
@@ -99,9 +102,10 @@ class Batcher(Generic[ItemT, ResultT]):
     ) -> list[ResultT]:
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
-        `deadline` is in loop time; `lengths` are the items' lengths when they vary (for the
-        padding metric); `nbytes` is what their data holds. Cancelling the caller (client
-        gone) cancels its entry; its unsent items are then never sent.
+        `deadline` is in loop time (the clock of `time.monotonic`); `lengths` are the items'
+        lengths when they vary (for the padding metric); `nbytes` is what their data holds.
+        Cancelling the caller (client gone) cancels its entry; its unsent items are then never
+        sent.
         """
         if self._draining:
             raise Unavailable("the sidecar is shutting down")
@@ -114,7 +118,7 @@ class Batcher(Generic[ItemT, ResultT]):
                 f"limits {limit} items and {byte_limit} bytes",
                 self.retry_after_s(),
             )
-        now = self._loop.time()
+        now = time.monotonic()
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
@@ -132,7 +136,7 @@ class Batcher(Generic[ItemT, ResultT]):
             async with asyncio.timeout_at(deadline):
                 return await request.future
         except TimeoutError:
-            waited_ms = 1000 * (self._loop.time() - now)
+            waited_ms = 1000 * (time.monotonic() - now)
             raise DeadlineExceeded(
                 f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
             ) from None
@@ -142,14 +146,14 @@ class Batcher(Generic[ItemT, ResultT]):
         try:
             while True:
                 self._wake.clear()
-                now = self._loop.time()
+                now = time.monotonic()
                 decision = decide(
                     self._queue.groups(),
                     self._limits,
                     self._inflight,
                     self._draining,
                     now,
-                    self._outlook(now),
+                    functools.partial(self._outlook, now=now),
                 )
                 if isinstance(decision, tuple):
                     group, reason = decision
@@ -183,7 +187,7 @@ class Batcher(Generic[ItemT, ResultT]):
             return False
         return True
 
-    def _outlook(self, now: float) -> Outlook:
+    def _outlook(self, key: BatchKey, now: float) -> Outlook:
         timeline, arrivals = self._timeline, self._arrivals
         # Closed-loop callers due back: those answered lately, and those of the next answer.
         # (A caller counts as one item: most send one; with more, waiting pays all the more.)
@@ -193,7 +197,10 @@ class Batcher(Generic[ItemT, ResultT]):
         if (upcoming := timeline.next_answer()) is not None:
             company.append((upcoming[0], *arrivals.back(upcoming[1])))
         return Outlook(
-            timeline.ready_at(), timeline.fixed_s(), arrivals.per_second(now), tuple(company)
+            timeline.ready_at(),
+            timeline.fixed_s(key.bucket),
+            arrivals.per_second(now),
+            tuple(company),
         )
 
     def _changed(self) -> None:
@@ -208,28 +215,32 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.padding_ratio.observe(ratio)
         self._inflight += 1
         self._metrics.inflight_batches.set(self._inflight)
-        token = self._timeline.sent(len(items), self._loop.time())
+        token = self._timeline.sent(len(items), key.bucket, time.monotonic())
         task = asyncio.create_task(self._run_batch(parts, items, token))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run_batch(self, parts: list[AnyPart], items: list[ItemT], token: int) -> None:
-        started = self._loop.time()
-        timeout_s = max(part.request.deadline for part in parts) - started
+        started = time.monotonic()
+        # Deadlines are loop time, whose timers the sender's timeout runs on: measured on that
+        # clock, the batch gives up no earlier than its last caller, who hears 504, not 503.
+        timeout_s = max(part.request.deadline for part in parts) - self._loop.time()
         answer = None
         try:
             answer = await execution.execute(self._sender, parts, items, timeout_s)
             if answer is not None:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
-                self._throughput.record(started, self._loop.time(), len(items))
+                finished = time.monotonic()
+                self._throughput.record(started, finished, len(items))
                 done = sum(part.stop == len(part.request.items) for part in parts)
-                self._arrivals.answered(done, self._loop.time())
+                self._arrivals.answered(done, finished)
         finally:
-            finished = self._loop.time()
+            finished = time.monotonic()
             timing = answer[1] if answer is not None else None
             self._timeline.answered(token, finished, timing, learn=answer is not None)
-            worker = self._timeline.worker
+            worker = self._timeline.worker.pooled
             self._metrics.model_learned(worker.fixed_s, worker.per_item_s, self._timeline.hop_s())
+            self._arrivals.pace(worker.predict(len(items)))
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)

@@ -1,31 +1,54 @@
-"""How long a batch of b items takes, learned online as fixed + per_item * b."""
+"""How long a batch of b items takes, learned online as fixed + per_item * b, per length bucket.
+
+Every estimate is robust to outliers, such as a GPU's first run of a shape, a GC pause or a
+noisy neighbour: one sample has bounded influence. Per batch size the estimate is the median
+of the last few samples (one outlier moves it by one rank, and it follows a drifting model
+within half a window); the line rests on sizes seen twice at least (a lone sample is
+unconfirmed: the first batch of a process may take a second), each weighed by how often it
+was seen, and until there are such it is flat at the shortest time seen (a batch predicted
+short leaves early and waits at the model server, which costs little; one predicted long
+leaves the model idle); and the first sample of a size is held within CLIP of what the line
+predicts for it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Hashable
 
-# Weight of a new sample once a size has a few: the estimate follows a drifting model (another
-# process on the core, a warmed cache) within some twenty batches.
-ALPHA = 0.1
-# A sample counts at most this many times its size's estimate (or this fraction of it): one
-# stall (a GC pause, a noisy neighbour) moves the estimate by a bounded step, not by its length.
+# Samples per size the median is taken over.
+WINDOW = 8
+# The first sample of a size counts at most this many times what the line predicts for it
+# (or this fraction of it), once the line is known.
 CLIP = 2.0
 # Sizes seen this often weigh fully in the line; rarer sizes count for less.
 FULL_WEIGHT = 16
 
 
-@dataclass(slots=True)
-class _Size:
-    seconds: float
-    count: int
+class RecentMedian:
+    """The median of the last `window` samples; of two middle ones, the lower: an estimate
+    that errs short sends the next batch early, where it waits at the model server, while one
+    that errs long leaves the model idle."""
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self._samples: deque[float] = deque(maxlen=window)
+        self.value = 0.0
+        self.count = 0
+
+    def add(self, sample: float) -> None:
+        self._samples.append(sample)
+        self.count += 1
+        ordered = sorted(self._samples)
+        self.value = ordered[(len(ordered) - 1) // 2]
 
 
 class DurationFit:
-    """Per batch size a clipped running mean of measured durations, and the line through them
-    (weighted by how often each size was seen), which extrapolates to sizes not seen yet."""
+    """Per batch size the median of recent durations, and the line through them (weighted by
+    how often each size was seen), which extrapolates to sizes not seen yet."""
 
     def __init__(self) -> None:
-        self._sizes: dict[int, _Size] = {}
+        self._sizes: dict[int, RecentMedian] = {}
+        self._confirmed = False  # some size was seen twice
         self.fixed_s = 0.0
         self.per_item_s = 0.0
         self.mean_size = 0.0  # of the sizes seen, weighted as in the line: where it is surest
@@ -34,15 +57,18 @@ class DurationFit:
     def known(self) -> bool:
         return bool(self._sizes)
 
+    def covers(self, size: int | None) -> bool:
+        """Whether the line rests on this size (None: any size), or on more than one size."""
+        return size in self._sizes or len(self._sizes) > 1
+
     def record(self, size: int, seconds: float) -> None:
         entry = self._sizes.get(size)
         if entry is None:
-            self._sizes[size] = _Size(seconds, 1)
-        else:
-            sample = min(max(seconds, entry.seconds / CLIP), entry.seconds * CLIP)
-            entry.count += 1
-            # A plain mean of the first samples, then an exponential one.
-            entry.seconds += max(1 / entry.count, ALPHA) * (sample - entry.seconds)
+            if self._confirmed:
+                expected = self.predict(size)
+                seconds = min(max(seconds, expected / CLIP), expected * CLIP)
+            entry = self._sizes[size] = RecentMedian()
+        entry.add(seconds)
         self._fit()
 
     def predict(self, size: int) -> float:
@@ -50,10 +76,14 @@ class DurationFit:
 
     def _fit(self) -> None:
         """Weighted least squares; neither part may be negative."""
-        weights = [
-            (size, entry.seconds, min(entry.count, FULL_WEIGHT))
-            for size, entry in self._sizes.items()
-        ]
+        confirmed = [(size, entry) for size, entry in self._sizes.items() if entry.count > 1]
+        self._confirmed = bool(confirmed)
+        if not confirmed:
+            shortest = min(self._sizes, key=lambda size: self._sizes[size].value)
+            self.fixed_s, self.per_item_s = self._sizes[shortest].value, 0.0
+            self.mean_size = shortest
+            return
+        weights = [(size, entry.value, min(entry.count, FULL_WEIGHT)) for size, entry in confirmed]
         total = sum(w for _, _, w in weights)
         sx = sum(w * x for x, _, w in weights)
         sy = sum(w * y for _, y, w in weights)
@@ -72,3 +102,34 @@ class DurationFit:
             self.fixed_s, self.per_item_s = 0.0, sxy / sxx
             return
         self.fixed_s, self.per_item_s = intercept, slope
+
+
+class BucketedFit:
+    """A DurationFit per length bucket (where items pad to the bucket, their length sets the
+    cost), and one over every batch for buckets not learned yet."""
+
+    def __init__(self) -> None:
+        self.pooled = DurationFit()
+        self._buckets: dict[Hashable, DurationFit] = {}
+
+    @property
+    def known(self) -> bool:
+        return self.pooled.known
+
+    def record(self, size: int, bucket: Hashable, seconds: float) -> None:
+        self.pooled.record(size, seconds)
+        if bucket is not None:
+            self._buckets.setdefault(bucket, DurationFit()).record(size, seconds)
+
+    def fit(self, size: int | None, bucket: Hashable) -> DurationFit:
+        """The bucket's own line where it says something of `size` (None: of any size), else
+        the pooled one."""
+        own = self._buckets.get(bucket)
+        return own if own is not None and own.covers(size) else self.pooled
+
+    def predict(self, size: int, bucket: Hashable) -> float:
+        return self.fit(size, bucket).predict(size)
+
+    def fixed_s(self, bucket: Hashable) -> float:
+        """What a batch of the bucket costs beyond its items."""
+        return self.fit(None, bucket).fixed_s

@@ -42,7 +42,7 @@ class PendingRequest(Generic[ItemT, ResultT]):
     priority: int
     deadline: float  # loop.time() after which the caller gets 504
     future: asyncio.Future[list[ResultT]]
-    enqueued_at: float
+    enqueued_at: float  # time.monotonic(), the engine's clock (loop.time()'s, to the ms)
     seq: int
     # Per-item lengths of variable-length items (padding is measured on them).
     lengths: Sequence[int] | None = None

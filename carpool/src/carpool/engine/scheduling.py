@@ -5,7 +5,9 @@ the wait allows then. While batches run, the next one keeps filling until the ru
 are predicted to finish, less the hop (`model_ready`); with the model server idle it goes at
 once (`idle`) unless the items arriving meanwhile make a fuller batch pay for the wait, which
 then ends when the batch is full or `max_wait` after the model could start it (`timeout`).
-Until the durations are learned it acts as adaptive dispatch.
+Groups go in the order of their oldest items: a younger group that is full waits its turn,
+so that a rare length bucket is not starved by a common one. Until the durations are
+learned it acts as adaptive dispatch.
 Adaptive dispatch: while no batch is in flight the model server is idle, so whatever is
 queued goes at once (`idle`); while one runs, the next batch waits until it is full or
 `max_wait` has passed since its first item (`full`, `timeout`). Fixed dispatch always
@@ -15,7 +17,7 @@ waits. On shutdown every queued item is sent as fast as slots free up (`drain`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from carpool.engine.batch_queue import Group
@@ -46,8 +48,8 @@ class Outlook:
 
     # When the model server can take the next batch (or could since); None: nothing learned.
     ready_at: float | None
-    fixed_s: float  # what one more batch costs beyond its items
-    arrivals_per_s: float  # items, on average
+    fixed_s: float  # what one more batch of the group's bucket costs beyond its items
+    arrivals_per_s: float  # fresh items (not the returns of closed-loop callers), on average
     # Closed-loop callers expected back: (items, when, when to stop waiting for them).
     company: tuple[tuple[int, float, float], ...] = ()
 
@@ -58,9 +60,11 @@ def decide(
     inflight: int,
     draining: bool,
     now: float,
-    outlook: Outlook,
+    outlook: Callable[[BatchKey], Outlook],
 ) -> tuple[Group, str] | float | None:
-    """The group to send now and why, else when to look again (None: on the next event)."""
+    """The group to send now and why, else when to look again (None: on the next event).
+
+    `outlook` is what timed dispatch knows for a group's key (its length bucket)."""
     settings = limits.settings
     if inflight >= settings.max_inflight_batches:
         return None
@@ -72,22 +76,25 @@ def decide(
     if not ranked:
         return None
     ranked.sort(key=lambda pair: pair[0])
-    timed = settings.dispatch == "timed" and outlook.ready_at is not None
+    first = ranked[0][1]
+    if settings.dispatch == "timed":
+        view = outlook(first.key)
+        if view.ready_at is not None:
+            if first.items >= limits.capacity(first.key):
+                return first, "full"
+            if draining:
+                return first, "drain"
+            return _when_ready(first, inflight, now, view, settings.max_wait_s)
     due = math.inf
     for _, group in ranked:
         if group.items >= limits.capacity(group.key):
             return group, "full"
-        if timed:
-            continue
         closes_at = group.opened_at() + settings.max_wait_s
         if now >= closes_at:
             return group, "timeout"
         due = min(due, closes_at)
-    first = ranked[0][1]
     if draining:
         return first, "drain"
-    if timed:
-        return _when_ready(first, inflight, now, outlook, settings.max_wait_s)
     if settings.dispatch != "fixed" and inflight == 0:
         return first, "idle"
     return due

@@ -9,44 +9,47 @@ at a time, so each running batch is predicted to start once it has arrived and b
 prepared, or once the one before it ends, whichever is later; the next batch should leave
 half a hop and its preparation before the last running one ends. A sender that does not time
 its batches (an in-process function), or whose timing cannot be (negative, not finite, longer
-than the round trip), counts the whole round trip as the worker's.
+than the round trip), counts the whole round trip as the worker's. Times are learned per
+length bucket (`durations.BucketedFit`), and every estimate, the hop's too, is robust to
+outliers: a batch that took a second does not make the next ones wait.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 
 from carpool.contract.wire import BatchTiming
-from carpool.engine.durations import DurationFit
+from carpool.engine.durations import BucketedFit, RecentMedian
 
-# Weight of a new sample in the running mean of the hop, once it has a few.
-HOP_ALPHA = 0.1
+# Round trips the hop is the median of: more than a batch size's window, as the hop of every
+# batch is a sample of the same thing.
+HOP_WINDOW = 16
 
 
 @dataclass(frozen=True, slots=True)
 class _Running:
     size: int
+    bucket: Hashable  # the length bucket of its items (BatchKey.bucket)
     sent_at: float
     alone: bool  # nothing else was at the model server when it left
 
 
 class ModelTimeline:
     def __init__(self) -> None:
-        self.worker = DurationFit()
-        self.prepare = DurationFit()
-        self._hop_s = 0.0
-        self._hops = 0
+        self.worker = BucketedFit()
+        self.prepare = BucketedFit()
+        self._hop = RecentMedian(HOP_WINDOW)
         self._running: dict[int, _Running] = {}  # by token, in the order sent
         self._tokens = 0
         # When the worker finished the batch answered last, in the sidecar's time.
         self._free_at = -math.inf
 
-    def sent(self, size: int, now: float) -> int:
+    def sent(self, size: int, bucket: Hashable, now: float) -> int:
         """Note a batch leaving; the token identifies it to `answered`."""
         self._tokens += 1
-        self._running[self._tokens] = _Running(size, now, not self._running)
+        self._running[self._tokens] = _Running(size, bucket, now, not self._running)
         return self._tokens
 
     def answered(self, token: int, now: float, timing: BatchTiming | None, learn: bool) -> None:
@@ -56,13 +59,11 @@ class ModelTimeline:
             round_trip = now - batch.sent_at
             if timing is None or not _possible(timing, round_trip):
                 timing = BatchTiming(0.0, round_trip)
-            self.worker.record(batch.size, timing.worker_s)
+            self.worker.record(batch.size, batch.bucket, timing.worker_s)
             if batch.alone:
-                self.prepare.record(batch.size, timing.queued_s)
-            hop = max(0.0, round_trip - timing.queued_s - timing.worker_s)
-            self._hops += 1
-            self._hop_s += max(1 / self._hops, HOP_ALPHA) * (hop - self._hop_s)
-        self._free_at = now - self._hop_s / 2
+                self.prepare.record(batch.size, batch.bucket, timing.queued_s)
+            self._hop.add(max(0.0, round_trip - timing.queued_s - timing.worker_s))
+        self._free_at = now - self.hop_s() / 2
 
     @property
     def known(self) -> bool:
@@ -74,9 +75,10 @@ class ModelTimeline:
         if not self.known:
             return None
         free = max((end for _, end in self._worker_ends()), default=self._free_at)
-        lead = self._hop_s / 2
+        lead = self.hop_s() / 2
         if self.prepare.known:
-            lead += self.prepare.predict(round(self.prepare.mean_size))
+            prepare = self.prepare.pooled
+            lead += prepare.predict(round(prepare.mean_size))
         return free - lead
 
     def next_answer(self) -> tuple[int, float] | None:
@@ -84,28 +86,28 @@ class ModelTimeline:
         been learned."""
         if not self.known:
             return None
-        return next(((size, end + self._hop_s / 2) for size, end in self._worker_ends()), None)
+        return next(((size, end + self.hop_s() / 2) for size, end in self._worker_ends()), None)
 
     def _worker_ends(self) -> Iterator[tuple[int, float]]:
         """Each running batch's size and when the worker is predicted to finish it, in the
         order they were sent."""
         free = self._free_at
         for batch in self._running.values():
-            arrived = batch.sent_at + self._hop_s / 2
+            arrived = batch.sent_at + self.hop_s() / 2
             if self.prepare.known:
-                arrived += self.prepare.predict(batch.size)
-            free = max(arrived, free) + self.worker.predict(batch.size)
+                arrived += self.prepare.predict(batch.size, batch.bucket)
+            free = max(arrived, free) + self.worker.predict(batch.size, batch.bucket)
             yield batch.size, free
 
     def hop_s(self) -> float:
-        return self._hop_s
+        return self._hop.value
 
-    def fixed_s(self) -> float:
-        """What one more batch costs beyond its items: the worker's fixed part, and for a
-        batch sent to an idle model server, the hop and preparing it too."""
-        fixed = self.worker.fixed_s + self._hop_s
+    def fixed_s(self, bucket: Hashable) -> float:
+        """What one more batch of the bucket costs beyond its items: the worker's fixed part,
+        and for a batch sent to an idle model server, the hop and preparing it too."""
+        fixed = self.worker.fixed_s(bucket) + self.hop_s()
         if self.prepare.known:
-            fixed += self.prepare.fixed_s
+            fixed += self.prepare.fixed_s(bucket)
         return fixed
 
 
