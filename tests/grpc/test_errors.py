@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2
 from support.model_server import SUPPORT_DIR
 from support.sidecar import (
     Pair,
@@ -30,6 +31,7 @@ tritongrpc = pytest.importorskip("tritonclient.grpc")
 service_pb2 = tritongrpc.service_pb2
 service_pb2_grpc = tritongrpc.service_pb2_grpc
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
 SIDECAR_ARGS = ("--max-batch-size", "1", "--max-inflight-batches", "1", "--max-queue-items", "3")
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.3"}
 
@@ -220,3 +222,27 @@ def test_message_over_the_limit_is_resource_exhausted(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError) as failed:
             stub.ModelInfer(toy_request([[1, 2, 3, 4]] * 100))
         assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_calls_the_sidecar_answers_are_never_counted_as_ended_by_grpc(
+    pair: Pair, stub: Any
+) -> None:
+    """Only a call that no handler saw counts as ended by gRPC (504): health checks,
+    metadata and an unknown method are all answered by the sidecar's own code."""
+    sidecar = pair.sidecar
+    late_before = metric(sidecar, "carpool_requests_total", protocol="grpc", code="504")
+    for _ in range(20):
+        assert (await stub.ServerLive(service_pb2.ServerLiveRequest())).live
+        await stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="toy"))
+    async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        unknown = channel.unary_unary("/inference.GRPCInferenceService/RepositoryIndex")
+        for _ in range(20):
+            assert (await check(health_pb2.HealthCheckRequest())).status == SERVING
+            error = await refused(unknown(b""))
+            assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert metric(sidecar, "carpool_requests_total", protocol="grpc", code="504") == late_before

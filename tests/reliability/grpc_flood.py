@@ -4,7 +4,8 @@ One implementation for the quick test (`test_grpc_flood.py`) and the soak
 (`bench/soak.py grpc_flood`). The model serves 4 items per 0.1 s; `waves` times, `calls`
 one-item calls start at once with a deadline of `deadline_s`, and `junk` calls send bytes
 that are no ModelInferRequest. The clients' status codes are compared with the sidecar's
-`carpool_requests_total{protocol="grpc"}`.
+`carpool_requests_total{protocol="grpc"}`. The calls outrun gRPC's Python server, so some
+end in gRPC's own queue: at their deadline, or refused by its backlog protection.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def summary(report: Report) -> str:
 
 def broken_promises(report: Report, plan: Plan) -> list[str]:
     broken = []
-    allowed = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT"}
+    # CANCELLED is gRPC's own refusal, at once, while about 1,000 calls wait in its queue.
+    allowed = {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "INVALID_ARGUMENT", "CANCELLED"}
     if unexpected := set(report.codes) - allowed:
         broken.append(f"clients saw {sorted(unexpected)}")
     if report.without_retry_after:

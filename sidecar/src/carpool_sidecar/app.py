@@ -225,7 +225,10 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[SIDECAR].registry)
+    sidecar = request.app[SIDECAR]
+    for update in sidecar.before_scrape:
+        update()
+    body = generate_latest(sidecar.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

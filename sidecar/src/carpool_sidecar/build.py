@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ class Sidecar:
     reading: ReadingBudget
     converter: Converter
     sending: AnswerSending
+    # Run before each scrape of `registry`, for counts kept elsewhere (gRPC's own).
+    before_scrape: list[Callable[[], None]] = field(default_factory=list)
 
     def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The background tasks, by name; each runs until cancelled."""

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2
 
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc.status import Context
+from carpool_sidecar.grpc.unseen import Arrivals
 from carpool_sidecar.health import POLL_INTERVAL_S
 
 READINESS_SERVICES = ("", "inference.GRPCInferenceService")
@@ -23,25 +24,32 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class _CurrentHealth(health.aio.HealthServicer):
-    """Check publishes first, so it never lags what ServerReady says."""
+    """Check publishes first, so it never lags what ServerReady says; each call counts in
+    `arrivals`."""
 
-    def __init__(self, publish: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, publish: Callable[[], Awaitable[None]], arrivals: Arrivals) -> None:
         super().__init__()
         self._publish = publish
+        self._arrivals = arrivals
 
     async def Check(
         self, request: health_pb2.HealthCheckRequest, context: Context
     ) -> health_pb2.HealthCheckResponse:
+        self._arrivals.count += 1
         await self._publish()
         return await super().Check(request, context)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest, context: Context) -> None:
+        self._arrivals.count += 1
+        await super().Watch(request, context)
 
 
 class HealthFollower:
     """The health servicer and the task that copies the data plane's state into it
     (for Watch; Check reads the state itself)."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
-        self.servicer = _CurrentHealth(self._publish)
+    def __init__(self, dataplane: DataPlane, arrivals: Arrivals) -> None:
+        self.servicer = _CurrentHealth(self._publish, arrivals)
         self._dataplane = dataplane
         self._published: tuple[bool, bool] | None = None  # (ready, live)
 

@@ -5,7 +5,8 @@
     # here the server has stopped, every call answered or ended
 
 On the way out every health service turns NOT_SERVING, then grpc.aio finishes the calls in
-flight within the grace and refuses new ones.
+flight within the grace and refuses new ones. Every call is counted once: ModelInfer by its
+handler, and a call of any method that gRPC ends before a handler sees it by `unseen`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,10 +22,13 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from carpool.contract.oip_grpc import inference_pb2
+from carpool.engine.errors import DeadlineExceeded
 from carpool_sidecar.build import Sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.grpc.health import HealthFollower
-from carpool_sidecar.grpc.servicer import InferenceServicer
+from carpool_sidecar.grpc.servicer import PROTOCOL, InferenceServicer
+from carpool_sidecar.grpc.status import Context
+from carpool_sidecar.grpc.unseen import Arrivals, UnseenCalls
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +56,38 @@ def options(config: SidecarConfig) -> list[tuple[str, int]]:
     ]
 
 
-def method_handlers(servicer: InferenceServicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
-    """Every RPC of the service, as the generated code registers them, but ModelInfer takes
-    its message undecoded: the servicer decodes it after admitting the call."""
+def _arriving(
+    behaviour: Callable[[Any, Context], Awaitable[Any]], arrivals: Arrivals
+) -> Callable[[Any, Context], Awaitable[Any]]:
+    async def arrived(request: Any, context: Context) -> Any:
+        arrivals.count += 1
+        return await behaviour(request, context)
+
+    return arrived
+
+
+class _UnknownMethods(grpc.GenericRpcHandler):
+    """Asked last, for a method no handler serves: counts it, and grpc answers UNIMPLEMENTED."""
+
+    def __init__(self, arrivals: Arrivals) -> None:
+        self._arrivals = arrivals
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
+        self._arrivals.count += 1
+
+
+def method_handlers(
+    servicer: InferenceServicer, arrivals: Arrivals
+) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """Every RPC of the service, as the generated code registers them, each counted in
+    `arrivals`, but ModelInfer takes its message undecoded: the servicer decodes it after
+    admitting the call."""
     handlers = {}
     for method in SERVICE_DESCRIPTOR.methods:
         request_type = getattr(inference_pb2, method.input_type.name)
         response_type = getattr(inference_pb2, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name),
+            _arriving(getattr(servicer, method.name), arrivals),
             request_deserializer=None if method.name in RAW_METHODS else request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )
@@ -88,17 +115,26 @@ async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None
         yield
         return
     server = grpc.aio.server(options=options(config))
-    handlers = method_handlers(InferenceServicer(sidecar))
+    arrivals = Arrivals()
+    handlers = method_handlers(InferenceServicer(sidecar), arrivals)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
-    health = HealthFollower(sidecar.dataplane)
+    health = HealthFollower(sidecar.dataplane, arrivals)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    server.add_generic_rpc_handlers((_UnknownMethods(arrivals),))
     address = f"{config.host}:{config.grpc_port}"
     try:
         server.add_insecure_port(address)
     except RuntimeError as error:  # grpcio's way of saying the port is taken
         raise OSError(errno.EADDRINUSE, "address in use or not allowed") from error
     await server.start()
+    # Calls gRPC ends unseen have mostly waited in its queue past their deadline.
+    unseen = UnseenCalls(
+        config.grpc_port,
+        arrivals,
+        sidecar.metrics.requests.labels(config.model_name, PROTOCOL, str(DeadlineExceeded.status)),
+    )
+    sidecar.before_scrape.append(unseen.update)
     follower = asyncio.create_task(health.follow(), name="grpc-health")
     follower.add_done_callback(_report_early_end)
     log.info("gRPC for %r listening on %s", config.model_name, address)
@@ -108,5 +144,7 @@ async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None
         await health.shut_down()
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
+        sidecar.before_scrape.remove(unseen.update)
+        unseen.update()
         await server.stop(_grace(sidecar))
         log.info("gRPC stopped")

@@ -6,6 +6,7 @@ that means the same, and the error's headers (Retry-After) as trailing metadata.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, NoReturn
 
 import grpc
@@ -22,5 +23,13 @@ def trailing_metadata(error: SidecarError) -> tuple[tuple[str, str], ...]:
 
 
 async def abort(context: Context, error: SidecarError) -> NoReturn:
-    """End the call with the status for `error`; raises, as `context.abort` does."""
-    await context.abort(code_of(error.status), error.message, trailing_metadata(error))
+    """End the call with the status for `error`; raises, as `context.abort` does.
+
+    gRPC's core may have ended the call already (its deadline passed, its client left)
+    before grpc.aio has heard: the status cannot go out, and the call ends as cancelled,
+    quietly, as grpc.aio ends one it knows to be gone.
+    """
+    try:
+        await context.abort(code_of(error.status), error.message, trailing_metadata(error))
+    except grpc.aio.InternalError:
+        raise asyncio.CancelledError from None
