@@ -53,6 +53,21 @@ def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None
     assert settings.max_batch_size == 8 and settings.example_shape == (3, 224, 224)
 
 
+def test_every_flag_is_also_an_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/model-server.md: each flag is also CARPOOL_MODEL_<FLAG>, shown in --help."""
+    options = [param for param in command.params if param.name != "help"]
+    for option in options:
+        assert isinstance(option, click.Option) and option.name is not None
+        variable = "CARPOOL_MODEL_" + option.name.upper()
+        assert (option.envvar, option.show_envvar) == (variable, True), option.opts
+    # The two flags outside the Config, as a pod's environment would set them.
+    monkeypatch.setenv("CARPOOL_MODEL_TERMINATION_LOG", "/tmp/carpool-test-termination")
+    monkeypatch.setenv("CARPOOL_MODEL_REQUIRE_GPU", "1")
+    with command.make_context("model-server", list(BASE)) as context:
+        assert context.params["termination_log"] == Path("/tmp/carpool-test-termination")
+        assert context.params["require_gpu"] is True
+
+
 def test_example_shape() -> None:
     assert parse(*BASE).example_shape is None
     assert parse(*BASE, "--example-shape", "3,224,224").example_shape == (3, 224, 224)

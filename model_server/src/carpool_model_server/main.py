@@ -124,6 +124,7 @@ def _with_options(function: Callable[..., None]) -> Callable[..., None]:
     "--require-gpu",
     is_flag=True,
     envvar=config_module.ENV_PREFIX + "REQUIRE_GPU",
+    show_envvar=True,
     help="exit at once unless torch sees a CUDA device (pods with a GPU set it)",
 )
 @click.option(
@@ -131,6 +132,8 @@ def _with_options(function: Callable[..., None]) -> Callable[..., None]:
     type=click.Path(dir_okay=False, path_type=Path),
     default=DEFAULT_PATH,
     show_default=True,
+    envvar=config_module.ENV_PREFIX + "TERMINATION_LOG",
+    show_envvar=True,
     help="file that gets the reason of a failed start (the pod's terminationMessagePath)",
 )
 def command(require_gpu: bool, termination_log: Path, **options: Any) -> None:
