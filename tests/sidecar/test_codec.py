@@ -138,6 +138,7 @@ def json_body(
         ("BYTES", b"[" + b'"",' * 1_000_000 + b'""]', "needs 4 elements, got 1000001"),
         ("BYTES", b"[" + b'"a\\\\",' * 500_000 + b'"\\""]', "needs 4 elements, got 500001"),
         ("FP32", b"[" + b'"1",' * 1_000_000 + b'"0"]', "data holding strings does not fit FP32"),
+        ("FP32", b"[" + b"[]," * 1_000_000 + b"[1,2,3,4]]", "1000002 arrays, more than"),
     ],
 )
 def test_json_data_beyond_its_shape_is_refused_before_it_is_converted(
@@ -191,10 +192,41 @@ def flat_count(value: Any) -> int:
     return sum(map(flat_count, value)) if isinstance(value, list) else 1
 
 
+def array_count(value: Any) -> int:
+    return 1 + sum(map(array_count, value)) if isinstance(value, list) else 0
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+def test_json_data_nesting_more_arrays_than_its_shape_is_refused(datatype: str) -> None:
+    data = [[[]], [[]], ["a", "b"]] if datatype == "BYTES" else [[[]], [[]], [1, 2]]
+    document = {"inputs": [{"name": "x", "datatype": datatype, "shape": [2, 1], "data": data}]}
+    with pytest.raises(BadRequest, match="data holds 6 arrays, more than its shape"):
+        parse_request(orjson.dumps(document), None)
+
+
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [
+        ([2, 2], [[1, 2], [3, 4]]),
+        ([2, 2], [1, 2, 3, 4]),
+        ([4], [[1], [2], [3], [4]]),
+        ([1, 2, 1], [[[1], [2]]]),
+        ([1, 0], [[]]),
+    ],
+)
+def test_json_data_nested_as_its_shape_or_flatter_is_read(shape: list[int], data: Any) -> None:
+    document = {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": data}]}
+    tensor = parse_request(orjson.dumps(document), None).inputs[0]
+    assert tensor.shape == tuple(shape) and tensor.data.size == flat_count(data)
+
+
 @given(nested(JSON_SCALARS | st.booleans()), st.sampled_from([b"", b" ", b"\n\t "]))
 def test_counting_numbers_agrees_with_a_parser(value: Any, space: bytes) -> None:
     text = orjson.dumps(value, option=orjson.OPT_INDENT_2).replace(b"\n", space)
-    assert counting.elements("x", "FP64", text, -1, strings=False) == flat_count(value)
+    assert counting.elements("x", "FP64", text, -1, strings=False) == (
+        flat_count(value),
+        array_count(value),
+    )
 
 
 @given(nested(st.text(alphabet=st.sampled_from('ab ,[]"\\{}\n\u00e9'))))
@@ -202,7 +234,7 @@ def test_counting_strings_agrees_with_a_parser(value: Any) -> None:
     """Quotes, backslashes, commas and brackets inside the strings count for nothing."""
     text = orjson.dumps(value)
     count = flat_count(value)
-    assert counting.elements("x", "BYTES", text, count, strings=True) == count
+    assert counting.elements("x", "BYTES", text, count, strings=True) == (count, array_count(value))
 
 
 def test_binary_inputs_are_read_in_order_without_copies() -> None:

@@ -158,8 +158,11 @@ def _convert(
     )  # fmt: skip
     if size is None:
         text = bytes(data)
-        have = counting.elements(name, datatype, text, element_count(dims), datatype == BYTES)
+        have, arrays = counting.elements(
+            name, datatype, text, element_count(dims), datatype == BYTES
+        )
         check_count(name, dims, have)
+        counting.check_arrays(name, dims, arrays)
         values = from_json(name, datatype, dims, loads(text))
         return RequestTensor(name, datatype, dims, values), offset
     if offset + size > len(body):
