@@ -15,6 +15,7 @@ from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
+    MAX_MESSAGE_BYTES,
     BadModelResponse,
     BadRequest,
     ModelError,
@@ -109,6 +110,22 @@ async def test_item_error_status_is_an_error_status(status: int, seen: int) -> N
     async with dataplane(failing) as (plane, _):
         [outcome] = await infer_all(plane, request([1.0]))
     assert isinstance(outcome, ModelError) and outcome.status == seen
+
+
+async def test_a_models_long_message_reaches_its_callers_cut_short() -> None:
+    """Every caller of a batch gets the model's message for its item: 10 MB each would be
+    answered whole, to each of them."""
+    message = "é" * 5_000_000
+
+    def verbose(items: Sequence[Item]) -> list[ItemResult]:
+        return [ItemResult.failed(message, 400) for _ in items]
+
+    async with dataplane(verbose) as (plane, _):
+        outcomes = await infer_all(plane, request([1.0]), request([2.0]))
+    for outcome in outcomes:
+        assert isinstance(outcome, ModelError) and outcome.status == 400
+        assert outcome.message.startswith("éé") and "10000000 bytes in all" in outcome.message
+        assert len(outcome.message.encode()) <= MAX_MESSAGE_BYTES + 64
 
 
 async def test_outputs_that_differ_between_items_are_a_bad_model_response() -> None:
