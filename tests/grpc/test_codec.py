@@ -87,3 +87,11 @@ def test_declared_items_and_bytes_are_bounded_before_the_data_is_read() -> None:
     request.raw_input_contents.append(bytes(8192))
     with pytest.raises(PayloadTooLarge, match="8192 bytes"):
         parse_request(request, bounds)
+
+
+def test_a_shape_of_more_dimensions_than_numpy_holds_is_refused_before_it_is_read() -> None:
+    request = request_with("FP32", (1,) * 1_000_000 + (4,))
+    request.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    peak, raised = peak_bytes(lambda: parse_request(request))
+    assert isinstance(raised, BadRequest) and "more than 64 dimensions" in raised.message, raised
+    assert peak < 1 << 20, f"{peak >> 20} MiB"

@@ -163,6 +163,50 @@ def test_an_escaped_key_declares_the_shape_it_spells() -> None:
     assert peak < 1.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
 
 
+INPUT = b'{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}'
+ZEROS = b"[" + b"0," * 999_999 + b"0]"
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "most"),
+    [
+        (b'{"inputs": [' + b"{}," * 1_000_000 + INPUT + b"]}", "objects, more than", 3.5),
+        (b'{"inputs": [' + INPUT + b'], "outputs": [' + b"{}," * 999_999 + b"{}]}", "objects", 3.5),
+        (
+            b'{"inputs": [' + INPUT + b'], "parameters": {"priority": ' + ZEROS + b"}}",
+            "priority",
+            1.5,
+        ),
+        (b'{"inputs": [{"name": ' + ZEROS + b', "datatype": "FP32"}]}', "name", 1.5),
+        (INPUT.replace(b"[1, 4]", b"[1, " + b"1, " * 1_000_000 + b"4]"), "64 dimensions", 1.5),
+        (
+            INPUT.replace(b'"data"', b'"parameters": {"binary_data_size": %s}, "d"' % ZEROS),
+            "size",
+            1.5,
+        ),
+    ],
+)
+def test_the_json_around_the_data_is_bounded_before_it_is_decoded(
+    body: bytes, message: str, most: float
+) -> None:
+    """Outside `data` a request holds a few names, shapes and parameters: a body that holds
+    a million of something there is refused holding no object per element (an object
+    each would take 20 times the body or more), with at most a few copies of its text."""
+    if not body.startswith(b'{"inputs"'):
+        body = b'{"inputs": [' + body + b"]}"
+    peak, raised = peak_bytes(lambda: parse_request(body, None))
+    assert isinstance(raised, BadRequest) and message in raised.message, raised
+    assert peak < most * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+def test_unknown_parameters_are_skipped_without_objects() -> None:
+    keys = b", ".join(b'"k%d": [0]' % index for index in range(300_000))
+    body = b'{"inputs": [' + INPUT + b'], "parameters": {' + keys + b', "priority": 2}}'
+    peak, raised = peak_bytes(lambda: parse_request(body, None))
+    assert raised is None and peak < len(body) / 4, f"{peak >> 20} MiB, {raised}"
+    assert parse_request(body, None).priority == 2
+
+
 def test_binary_bytes_beyond_the_shape_are_refused_before_they_are_cut() -> None:
     raw = struct.pack("<I", 0) * 1_000_000
     header = {

@@ -38,8 +38,7 @@ def elements(
             raise BadRequest(f"input {name!r}: data holding strings does not fit {datatype}")
         compact = text.translate(None, _WHITESPACE)
         return _scalars(compact), compact.count(b"[")
-    if b"\\" in text:
-        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    text = _without_escapes(text)
     found = text.count(b'"') // 2
     if found > expected:
         return found, 0
@@ -64,6 +63,18 @@ def check_arrays(name: str, shape: Sequence[int], arrays: int) -> None:
             f"input {name!r}: data holds {arrays} arrays, more than its shape {list(shape)} "
             f"has room for ({room})"
         )
+
+
+def objects(text: bytes) -> int:
+    """The objects in `text`, a JSON document: the `{` outside strings."""
+    return _STRING.sub(b'"', _without_escapes(text)).count(b"{")
+
+
+def _without_escapes(text: bytes) -> bytes:
+    """`text` with its escaped backslashes, then its escaped quotes, taken out."""
+    if b"\\" in text:
+        return text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return text
 
 
 def _scalars(compact: bytes) -> int:
