@@ -17,7 +17,7 @@ from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.engine.bounds import UNBOUNDED, RequestBounds
 from carpool.engine.errors import BadRequest, PayloadTooLarge
 from carpool.engine.settings import BatchingSettings, ConfigError, apply_file
-from carpool_sidecar import counting, kserve_v1
+from carpool_sidecar import counting, kserve_v1, oip_generate
 from carpool_sidecar.inference import InferResponse
 from carpool_sidecar.oip import HEADER_LENGTH, encode_response, parse_request
 from carpool_sidecar.tensors import (
@@ -412,3 +412,37 @@ INPUTS = st.fixed_dictionaries(
 def test_any_json_body_is_parsed_or_refused_with_400(document: dict[str, object]) -> None:
     with contextlib.suppress(BadRequest):
         parse_request(orjson.dumps(document), None)
+
+
+GENERATES = ModelMetadata(
+    name="gen",
+    platform="p",
+    inputs=(
+        TensorSpec("text_input", "BYTES", (1,), max_element_bytes=4096),
+        TensorSpec("max_new_tokens", "INT32", (1,), minimum=1, maximum=255),
+        TensorSpec("stop", "BYTES", (-1,), max_elements=16, max_element_bytes=256),
+    ),
+    outputs=(TensorSpec("text_output", "BYTES", (1,)),),
+    max_batch_size=8,
+)
+STRINGS = b"[" + b'"a",' * 999_999 + b'"a"]'
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"text_input": "hi", "parameters": {"stop": ' + STRINGS + b"}}", "max_elements"),
+        (b'{"text_input": ' + STRINGS + b"}", "text_input"),
+        (b'{"text_input": "hi", "parameters": {"max_new_tokens": ' + ZEROS + b"}}", "max_new"),
+        (b'{"text_input": "hi", "junk": ' + STRINGS + b"}", ""),
+    ],
+)
+def test_a_generate_body_is_bounded_before_it_is_decoded(body: bytes, message: str) -> None:
+    """A generate request is one prompt and a few settings: a million stop strings, or of
+    anything else, are refused (or skipped) holding no object each."""
+    peak, raised = peak_bytes(lambda: oip_generate.parse_request(body, GENERATES))
+    if message:
+        assert isinstance(raised, BadRequest) and message in raised.message, raised
+    else:
+        assert raised is None
+    assert peak < 1.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"

@@ -157,7 +157,7 @@ async def v2_generate(request: web.Request) -> web.Response:
     dataplane = check_model(request)
     timeout_ms = headers.timeout_ms(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    generate_request = oip_generate.parse_request(body)
+    generate_request = oip_generate.parse_request(body, dataplane.metadata())
     response = await dataplane.generate(generate_request, timeout_ms, arrived_at)
     return web.Response(
         body=oip_generate.encode_response(response), content_type="application/json"

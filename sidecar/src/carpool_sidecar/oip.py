@@ -8,7 +8,7 @@ order. A binary response is laid out the same way and says so in the same header
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import orjson
@@ -31,6 +31,7 @@ from carpool_sidecar.tensors import (
 )
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+T = TypeVar("T")
 
 
 def loads(body: bytes | bytearray | memoryview) -> Any:
@@ -98,7 +99,7 @@ def parse_request(
     if not 0 < header_length <= len(body):
         raise BadRequest(f"{HEADER_LENGTH} {header_length} does not fit a {len(body)}-byte body")
     document = _decode(body, header_length)
-    parameters = _parameters(document.parameters)
+    parameters = scalar_parameters(document.parameters)
     if not document.inputs:
         raise BadRequest("'inputs' must be a non-empty list")
     declared = [_declare(raw) for raw in document.inputs]
@@ -132,20 +133,28 @@ def _decode(body: bytes | bytearray, header_length: int) -> _Document:
                 f"the request holds {found} JSON objects, more than {MAX_OBJECTS}: it names "
                 "each input and output once"
             )
+    return decode(memoryview(body)[:header_length], _Document)
+
+
+def decode(text: bytes | bytearray | memoryview, kind: type[T]) -> T:
+    """`text` as JSON of `kind`; BadRequest says what is wrong with it."""
     try:
-        return msgspec.json.decode(memoryview(body)[:header_length], type=_Document)
+        return msgspec.json.decode(text, type=kind)
     except msgspec.ValidationError as error:
         raise BadRequest(f"request does not follow the protocol: {error}") from error
     except msgspec.DecodeError as error:
         raise BadRequest(f"body is not valid JSON: {error}") from error
 
 
-def _parameters(raw: msgspec.Struct | None) -> dict[str, Scalar]:
-    """The parameters the sidecar reads, each a scalar, by name; the others were skipped."""
+def scalar_parameters(raw: msgspec.Struct | None, *texts: str) -> dict[str, Scalar]:
+    """The parameters the sidecar reads, each a scalar, by name, but for `texts`, read
+    otherwise; unknown parameters were skipped."""
     if raw is None:
         return {}
     decoded = {}
     for key in raw.__struct_fields__:
+        if key in texts:
+            continue
         value: msgspec.Raw = getattr(raw, key)
         if not value:
             continue
@@ -174,7 +183,7 @@ def _declare(raw: _Input) -> _Declared:
     if datatype not in DATATYPES:
         raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
     shape = _shape(name, raw.shape)
-    size = _parameters(raw.parameters).get("binary_data_size")
+    size = scalar_parameters(raw.parameters).get("binary_data_size")
     if size is None:
         if not raw.data:
             raise BadRequest(f"input {name!r}: neither 'data' nor binary_data_size")
@@ -219,13 +228,6 @@ def _convert(
     return RequestTensor(name, datatype, dims, values), offset + size
 
 
-def parameters_of(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    parameters = raw.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise BadRequest(f"{where}: 'parameters' must be an object")
-    return parameters
-
-
 def _outputs(raw: list[_Output] | None) -> list[RequestedOutput] | None:
     if not raw:
         return None  # every output
@@ -233,7 +235,7 @@ def _outputs(raw: list[_Output] | None) -> list[RequestedOutput] | None:
     for entry in raw:
         if not isinstance(entry.name, str):
             raise BadRequest("each requested output must be an object with a 'name'")
-        parameters = _parameters(entry.parameters)
+        parameters = scalar_parameters(entry.parameters)
         binary = _flag(parameters, "binary_data") if "binary_data" in parameters else None
         outputs.append(RequestedOutput(entry.name, binary))
     return outputs
