@@ -281,6 +281,20 @@ def test_counting_strings_agrees_with_a_parser(value: Any) -> None:
     assert counting.elements("x", "BYTES", text, count, strings=True) == (count, array_count(value))
 
 
+@given(
+    st.lists(nested(JSON_SCALARS) | nested(st.text(alphabet=st.sampled_from('a ,[]"\\')))),
+    st.sampled_from([b"", b" "]),
+)
+def test_counting_the_outer_elements_agrees_with_a_parser(value: list[Any], space: bytes) -> None:
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).replace(b"\n", space)
+    strings = any(isinstance(each, str) for each in flat(value))
+    assert counting.outer(text, strings) == len(value)
+
+
+def flat(value: Any) -> list[Any]:
+    return [leaf for each in value for leaf in flat(each)] if isinstance(value, list) else [value]
+
+
 def test_binary_inputs_are_read_in_order_without_copies() -> None:
     floats = np.arange(6, dtype="<f4")
     texts = [b"hello", b"", b"carpool"]
@@ -446,3 +460,31 @@ def test_a_generate_body_is_bounded_before_it_is_decoded(body: bytes, message: s
     else:
         assert raised is None
     assert peak < 1.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+def one_input(shape: tuple[int, ...], datatype: str = "FP32") -> ModelMetadata:
+    spec = TensorSpec("x", datatype, shape)
+    return ModelMetadata(name="m", platform="p", inputs=(spec,), outputs=(spec,), max_batch_size=8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "instances", "error", "message"),
+    [
+        ((4,), b"[" + b"[0,0,0,0]," * 250_000 + b"[0,0,0,0]]", PayloadTooLarge, "250001 items"),
+        ((-1,), b"[" + b"[0]," * 1_000_000 + b"[0]]", PayloadTooLarge, "1000001 items"),
+        ((-1,), b"[[" + b"0," * 3_000_000 + b"0]]", PayloadTooLarge, "12000004 bytes"),
+        ((-1,), b"[[" + b"[]," * 1_000_000 + b"[]]]", BadRequest, "1000003 arrays"),
+        ((4,), b'[["a",' + b'"a",' * 1_000_000 + b'"a"]]', BadRequest, "does not fit FP32"),
+        ((4,), b"[[" + b"0," * 1_000_000 + b"0]]", BadRequest, "hold 4 elements, got 1000001"),
+    ],
+)
+def test_kserve_v1_instances_are_counted_before_they_are_converted(
+    shape: tuple[int, ...], instances: bytes, error: type[Exception], message: str
+) -> None:
+    """v1 declares no shape: the instances are counted from their text (items, elements,
+    arrays) against the model's input and the request bounds, holding no object each."""
+    body = b'{"instances": ' + instances + b"}"
+    bounds = RequestBounds(max_items=1024, max_bytes=8 << 20)
+    peak, raised = peak_bytes(lambda: kserve_v1.parse_request(body, one_input(shape), bounds))
+    assert isinstance(raised, error) and message in str(raised), raised
+    assert peak < 2.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
