@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -246,6 +247,21 @@ async def test_an_answer_that_is_not_one_result_per_item_fails_the_batch_once(
     assert calls == [32]  # one call, not halves: a wrong answer is the function's bug
     for outcome in outcomes:
         assert isinstance(outcome, SidecarError) and words in str(outcome), outcome
+
+
+async def test_an_array_of_results_is_one_result_per_row() -> None:
+    """What a model returns for a batch, unconverted: a numpy array (or a tensor), a row per
+    item."""
+
+    @carpool.batch(max_batch_size=8, max_wait_ms=20)
+    async def embed(items: list[float]) -> Any:
+        return np.array([[item, 2 * item] for item in items])
+
+    try:
+        rows = await asyncio.gather(*(embed(float(i)) for i in range(8)))
+    finally:
+        await embed.aclose()
+    assert [row.tolist() for row in rows] == [[i, 2 * i] for i in range(8)]
 
 
 BASE_EXCEPTIONS = """
