@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import subprocess
 import sys
 import threading
@@ -102,6 +103,23 @@ async def test_deadline_cancellation_priority_and_queue_bound() -> None:
     assert seen == [["first"], ["high", "low0"], ["low1"]]
     assert sample(registry, "carpool_rejected_total", model="echo", reason="queue_full") == 1
     assert sample(registry, "carpool_requests_total", model="echo", code="504") == 1
+
+
+@pytest.mark.parametrize("timeout_ms", [math.nan, math.inf])
+async def test_a_deadline_that_is_no_time_is_refused(timeout_ms: float) -> None:
+    """NaN or infinity would be no deadline at all: a call that never returns would hold
+    its caller forever."""
+
+    @carpool.batch(max_batch_size=2, max_wait_ms=1)
+    async def echo(items: list[int]) -> list[int]:
+        return items
+
+    try:
+        with pytest.raises(ValueError, match="timeout_ms must be a finite number"):
+            await asyncio.wait_for(echo(1, timeout_ms=timeout_ms), 2)
+        assert await echo(2) == 2
+    finally:
+        await echo.aclose()
 
 
 def test_a_sync_function_serves_16_threads_through_blocking() -> None:

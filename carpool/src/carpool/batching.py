@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import math
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -145,9 +146,13 @@ class Batched(Generic[ItemT, ResultT]):
         """The function's result for `item`, computed in a batch with other callers' items.
 
         Raises what the function raised for this item, QueueFull when the queue is at its
-        bound, DeadlineExceeded after `timeout_ms` (default: the decorator's), Unavailable
-        once closed. Cancelling the caller drops the item if its batch has not started.
+        bound, DeadlineExceeded after `timeout_ms` (default: the decorator's; ValueError
+        unless finite), Unavailable once closed. Cancelling the caller drops the item if its
+        batch has not started.
         """
+        if timeout_ms is not None and not math.isfinite(timeout_ms):
+            # No deadline at all: a call that never returns would hold its caller forever.
+            raise ValueError(f"timeout_ms must be a finite number, got {timeout_ms!r}")
         batcher = self._engine()
         loop = asyncio.get_running_loop()
         started = loop.time()
