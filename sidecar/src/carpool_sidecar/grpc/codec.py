@@ -180,7 +180,7 @@ def _timeout(parameters: Mapping[str, InferParameter]) -> float | None:
     value = _number(parameters, "timeout")
     if value is None:
         return None
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise BadRequest(f"parameter 'timeout' must be microseconds > 0, got {value!r}")
     return value / 1000
 
