@@ -165,6 +165,19 @@ async def test_an_answer_over_the_limit_is_refused_before_it_is_built(
     assert budget.unsent == 0
 
 
+async def test_the_id_an_answer_echoes_counts_in_its_size() -> None:
+    """An id of 1,000 characters makes the answer 1 kB longer: within a limit of 500 only
+    without it."""
+    budget = AnswerBudget(500, 2**30)
+    async with dataplane(answers=budget, output_shape=(2,)) as (plane, model):
+        [plain] = await infer_all(plane, request([1.0, 2.0]))
+        long_id = dataclasses.replace(request([1.0, 2.0]), id="x" * 1000)
+        [outcome] = await infer_all(plane, long_id)
+    assert isinstance(plain, InferResponse)
+    assert isinstance(outcome, PayloadTooLarge), outcome
+    assert len(model.batches) == 1  # refused before the model ran
+
+
 async def test_answers_not_yet_sent_hold_a_bounded_budget() -> None:
     budget = AnswerBudget(2**20, 40)  # one answer of 2 FP32 as JSON: up to 32 bytes
     async with dataplane(answers=budget) as (plane, _):

@@ -14,6 +14,7 @@ from typing import overload
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from carpool.contract.generation import TEXT_OUTPUT
 from carpool.contract.metadata import ModelMetadata, TensorSpec
@@ -116,13 +117,15 @@ class DataPlane:
         inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
         output_names = _output_names(request, metadata)
         binary = _binary_outputs(request, output_names)
-        # Outputs of fixed shape tell the answer's size before any work is done.
+        # Outputs of fixed shape tell the answer's size before any work is done; the id it
+        # echoes counts too.
+        echoed = 0 if request.id is None else len(orjson.dumps(request.id))
         fixed = _fixed_answer_bytes(metadata, output_names, binary, inputs[0].items)
-        self.answers.check(fixed, answer_limit)
+        self.answers.check(echoed + fixed, answer_limit)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority)
         parts = {name: _output_of_items(name, results) for name in output_names}
-        held = self.answers.hold(_answer_bytes(parts, binary), answer_limit)
+        held = self.answers.hold(echoed + _answer_bytes(parts, binary), answer_limit)
         try:
             outputs = [stack(name, parts[name]) for name in output_names]
         except BaseException:
