@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
-from carpool.contract.wire import Item, ItemResult, Tensor
+from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
     MAX_MESSAGE_BYTES,
@@ -26,6 +26,7 @@ from carpool.engine.metrics import SidecarMetrics
 from carpool.engine.settings import BatchingSettings
 from carpool_sidecar.answers import AnswerBudget
 from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import InferRequest, InferResponse, RequestedOutput
 from carpool_sidecar.tensors import RequestTensor
@@ -54,7 +55,7 @@ class Model:
         self.batches: list[list[tuple[int, ...]]] = []
 
     async def send(self, items: Sequence[Item], timeout_s: float) -> tuple[list[ItemResult], None]:
-        self.batches.append([item["x"].shape for item in items])
+        self.batches.append([next(iter(item.values())).shape for item in items])
         return self.answer(items), None
 
 
@@ -176,6 +177,35 @@ async def test_the_id_an_answer_echoes_counts_in_its_size() -> None:
     assert isinstance(plain, InferResponse)
     assert isinstance(outcome, PayloadTooLarge), outcome
     assert len(model.batches) == 1  # refused before the model ran
+
+
+async def test_generated_text_is_an_answer_held_and_bounded_like_any() -> None:
+    """A model server may answer a 1 MB text: over the answer limit it is refused; within
+    it, it holds its room until the front has sent it."""
+    text = b"x" * (1 << 20)
+
+    def talkative(items: Sequence[Item]) -> list[ItemResult]:
+        return [ItemResult(outputs={"text_output": Tensor(BYTES, (1,), [text])}) for _ in items]
+
+    generates = dataclasses.replace(
+        metadata(False),
+        inputs=(TensorSpec("text_input", BYTES, (1,)),),
+        outputs=(TensorSpec("text_output", BYTES, (1,)),),
+    )
+    now = asyncio.get_running_loop().time()
+    for limit in (1 << 20, 1 << 23):
+        budget = AnswerBudget(1 << 30, 1 << 30)
+        async with dataplane(talkative, answers=budget) as (plane, _):
+            plane.state.metadata = generates
+            call = plane.generate(GenerateRequest("hi"), None, now, limit)
+            outcome = (await asyncio.gather(call, return_exceptions=True))[0]
+        if limit == 1 << 20:
+            assert isinstance(outcome, PayloadTooLarge) and budget.unsent == 0, outcome
+        else:
+            assert isinstance(outcome, GenerateResponse) and outcome.held is not None
+            assert budget.unsent >= len(text)
+            outcome.held.release()
+            assert budget.unsent == 0
 
 
 async def test_answers_not_yet_sent_hold_a_bounded_budget() -> None:

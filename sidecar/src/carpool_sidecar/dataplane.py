@@ -134,16 +134,26 @@ class DataPlane:
         return InferResponse(self.model_name, request.id, outputs, binary, held)
 
     async def generate(
-        self, request: GenerateRequest, header_timeout_ms: float | None, arrived_at: float
+        self,
+        request: GenerateRequest,
+        header_timeout_ms: float | None,
+        arrived_at: float,
+        answer_limit: int,
     ) -> GenerateResponse:
         """Generate text for one prompt, batched with other requests (/infer ones too) whose
-        prompt length and max_new_tokens fall in the same buckets."""
+        prompt length and max_new_tokens fall in the same buckets. The text is an answer as
+        any: within `answer_limit`, its room held until the front releases it."""
         metadata = self.metadata()
         inputs = generation.model_inputs(request, metadata)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority)
         (output,) = _output_of_items(TEXT_OUTPUT, results)
-        return GenerateResponse(self.model_name, generation.text_of(output))
+        held = self.answers.hold(_answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
+        try:
+            return GenerateResponse(self.model_name, generation.text_of(output), held)
+        except BaseException:
+            held.release()
+            raise
 
     async def _submit(
         self,

@@ -24,6 +24,7 @@ from carpool.contract.generation import (
 from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import BYTES, Tensor
 from carpool.engine.errors import BadModelResponse, BadRequest
+from carpool_sidecar.answers import Held
 from carpool_sidecar.tensors import RequestTensor, from_json, json_values
 
 
@@ -43,6 +44,8 @@ class GenerateRequest:
 class GenerateResponse:
     model_name: str
     text_output: str
+    # Its room in the answer budget, released by the front once the answer is sent.
+    held: Held | None = None
 
 
 def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[RequestTensor]:
