@@ -55,6 +55,16 @@ def test_parameters_as_triton_clients_send_them() -> None:
         parse_request(request)
 
 
+@pytest.mark.parametrize("timeout", [0.0, -1.0, float("nan")])
+def test_a_timeout_that_is_no_time_is_refused(timeout: float) -> None:
+    """As the REST header's: a NaN deadline would be ignored, not refused."""
+    request = request_with()
+    request.inputs[0].contents.fp32_contents.extend([0.5, 1.5])
+    request.parameters["timeout"].double_param = timeout
+    with pytest.raises(BadRequest, match="'timeout' must be microseconds > 0"):
+        parse_request(request)
+
+
 def test_outputs_are_raw_unless_typed_is_asked_and_possible() -> None:
     fp32 = RequestTensor("a", "FP32", (1, 2), np.array([1.0, 2.0], np.float32))
     fp16 = RequestTensor("b", "FP16", (1, 2), np.array([1.0, 2.0], np.float16))
@@ -87,3 +97,11 @@ def test_declared_items_and_bytes_are_bounded_before_the_data_is_read() -> None:
     request.raw_input_contents.append(bytes(8192))
     with pytest.raises(PayloadTooLarge, match="8192 bytes"):
         parse_request(request, bounds)
+
+
+def test_a_shape_of_more_dimensions_than_numpy_holds_is_refused_before_it_is_read() -> None:
+    request = request_with("FP32", (1,) * 1_000_000 + (4,))
+    request.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    peak, raised = peak_bytes(lambda: parse_request(request))
+    assert isinstance(raised, BadRequest) and "more than 64 dimensions" in raised.message, raised
+    assert peak < 1 << 20, f"{peak >> 20} MiB"

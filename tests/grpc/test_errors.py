@@ -84,6 +84,16 @@ async def test_bad_input_is_invalid_argument(pair: Pair, stub: Any) -> None:
     assert code >= 2
 
 
+async def test_a_message_naming_a_long_value_keeps_its_code(stub: Any) -> None:
+    """gRPC sends the message percent-encoded in a trailer, which clients refuse past 16 KiB
+    (RESOURCE_EXHAUSTED): the message is cut short instead."""
+    request = toy_request([[1, 2, 3, 4]])
+    request.outputs.add(name="é" * 6_000)
+    error = await refused(stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert (error.details() or "").startswith("unknown output 'éé")
+
+
 async def test_unknown_model_is_not_found(stub: Any) -> None:
     for call in (
         stub.ModelInfer(toy_request([[1, 2, 3, 4]], model="nope")),

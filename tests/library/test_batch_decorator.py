@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import subprocess
 import sys
 import threading
@@ -11,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -101,6 +103,23 @@ async def test_deadline_cancellation_priority_and_queue_bound() -> None:
     assert seen == [["first"], ["high", "low0"], ["low1"]]
     assert sample(registry, "carpool_rejected_total", model="echo", reason="queue_full") == 1
     assert sample(registry, "carpool_requests_total", model="echo", code="504") == 1
+
+
+@pytest.mark.parametrize("timeout_ms", [math.nan, math.inf])
+async def test_a_deadline_that_is_no_time_is_refused(timeout_ms: float) -> None:
+    """NaN or infinity would be no deadline at all: a call that never returns would hold
+    its caller forever."""
+
+    @carpool.batch(max_batch_size=2, max_wait_ms=1)
+    async def echo(items: list[int]) -> list[int]:
+        return items
+
+    try:
+        with pytest.raises(ValueError, match="timeout_ms must be a finite number"):
+            await asyncio.wait_for(echo(1, timeout_ms=timeout_ms), 2)
+        assert await echo(2) == 2
+    finally:
+        await echo.aclose()
 
 
 def test_a_sync_function_serves_16_threads_through_blocking() -> None:
@@ -246,6 +265,21 @@ async def test_an_answer_that_is_not_one_result_per_item_fails_the_batch_once(
     assert calls == [32]  # one call, not halves: a wrong answer is the function's bug
     for outcome in outcomes:
         assert isinstance(outcome, SidecarError) and words in str(outcome), outcome
+
+
+async def test_an_array_of_results_is_one_result_per_row() -> None:
+    """What a model returns for a batch, unconverted: a numpy array (or a tensor), a row per
+    item."""
+
+    @carpool.batch(max_batch_size=8, max_wait_ms=20)
+    async def embed(items: list[float]) -> Any:
+        return np.array([[item, 2 * item] for item in items])
+
+    try:
+        rows = await asyncio.gather(*(embed(float(i)) for i in range(8)))
+    finally:
+        await embed.aclose()
+    assert [row.tolist() for row in rows] == [[i, 2 * i] for i in range(8)]
 
 
 BASE_EXCEPTIONS = """

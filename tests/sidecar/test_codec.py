@@ -17,7 +17,7 @@ from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.engine.bounds import UNBOUNDED, RequestBounds
 from carpool.engine.errors import BadRequest, PayloadTooLarge
 from carpool.engine.settings import BatchingSettings, ConfigError, apply_file
-from carpool_sidecar import counting, kserve_v1
+from carpool_sidecar import counting, kserve_v1, oip_generate
 from carpool_sidecar.inference import InferResponse
 from carpool_sidecar.oip import HEADER_LENGTH, encode_response, parse_request
 from carpool_sidecar.tensors import (
@@ -138,6 +138,7 @@ def json_body(
         ("BYTES", b"[" + b'"",' * 1_000_000 + b'""]', "needs 4 elements, got 1000001"),
         ("BYTES", b"[" + b'"a\\\\",' * 500_000 + b'"\\""]', "needs 4 elements, got 500001"),
         ("FP32", b"[" + b'"1",' * 1_000_000 + b'"0"]', "data holding strings does not fit FP32"),
+        ("FP32", b"[" + b"[]," * 1_000_000 + b"[1,2,3,4]]", "1000002 arrays, more than"),
     ],
 )
 def test_json_data_beyond_its_shape_is_refused_before_it_is_converted(
@@ -160,6 +161,50 @@ def test_an_escaped_key_declares_the_shape_it_spells() -> None:
     assert isinstance(raised, PayloadTooLarge), raised
     assert "1000000 items, more than maxQueueItems 1024" in raised.message
     assert peak < 1.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+INPUT = b'{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}'
+ZEROS = b"[" + b"0," * 999_999 + b"0]"
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "most"),
+    [
+        (b'{"inputs": [' + b"{}," * 1_000_000 + INPUT + b"]}", "objects, more than", 3.5),
+        (b'{"inputs": [' + INPUT + b'], "outputs": [' + b"{}," * 999_999 + b"{}]}", "objects", 3.5),
+        (
+            b'{"inputs": [' + INPUT + b'], "parameters": {"priority": ' + ZEROS + b"}}",
+            "priority",
+            1.5,
+        ),
+        (b'{"inputs": [{"name": ' + ZEROS + b', "datatype": "FP32"}]}', "name", 1.5),
+        (INPUT.replace(b"[1, 4]", b"[1, " + b"1, " * 1_000_000 + b"4]"), "64 dimensions", 1.5),
+        (
+            INPUT.replace(b'"data"', b'"parameters": {"binary_data_size": %s}, "d"' % ZEROS),
+            "size",
+            1.5,
+        ),
+    ],
+)
+def test_the_json_around_the_data_is_bounded_before_it_is_decoded(
+    body: bytes, message: str, most: float
+) -> None:
+    """Outside `data` a request holds a few names, shapes and parameters: a body that holds
+    a million of something there is refused holding no object per element (an object
+    each would take 20 times the body or more), with at most a few copies of its text."""
+    if not body.startswith(b'{"inputs"'):
+        body = b'{"inputs": [' + body + b"]}"
+    peak, raised = peak_bytes(lambda: parse_request(body, None))
+    assert isinstance(raised, BadRequest) and message in raised.message, raised
+    assert peak < most * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+def test_unknown_parameters_are_skipped_without_objects() -> None:
+    keys = b", ".join(b'"k%d": [0]' % index for index in range(300_000))
+    body = b'{"inputs": [' + INPUT + b'], "parameters": {' + keys + b', "priority": 2}}'
+    peak, raised = peak_bytes(lambda: parse_request(body, None))
+    assert raised is None and peak < len(body) / 4, f"{peak >> 20} MiB, {raised}"
+    assert parse_request(body, None).priority == 2
 
 
 def test_binary_bytes_beyond_the_shape_are_refused_before_they_are_cut() -> None:
@@ -191,10 +236,41 @@ def flat_count(value: Any) -> int:
     return sum(map(flat_count, value)) if isinstance(value, list) else 1
 
 
+def array_count(value: Any) -> int:
+    return 1 + sum(map(array_count, value)) if isinstance(value, list) else 0
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BYTES"])
+def test_json_data_nesting_more_arrays_than_its_shape_is_refused(datatype: str) -> None:
+    data = [[[]], [[]], ["a", "b"]] if datatype == "BYTES" else [[[]], [[]], [1, 2]]
+    document = {"inputs": [{"name": "x", "datatype": datatype, "shape": [2, 1], "data": data}]}
+    with pytest.raises(BadRequest, match="data holds 6 arrays, more than its shape"):
+        parse_request(orjson.dumps(document), None)
+
+
+@pytest.mark.parametrize(
+    ("shape", "data"),
+    [
+        ([2, 2], [[1, 2], [3, 4]]),
+        ([2, 2], [1, 2, 3, 4]),
+        ([4], [[1], [2], [3], [4]]),
+        ([1, 2, 1], [[[1], [2]]]),
+        ([1, 0], [[]]),
+    ],
+)
+def test_json_data_nested_as_its_shape_or_flatter_is_read(shape: list[int], data: Any) -> None:
+    document = {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": data}]}
+    tensor = parse_request(orjson.dumps(document), None).inputs[0]
+    assert tensor.shape == tuple(shape) and tensor.data.size == flat_count(data)
+
+
 @given(nested(JSON_SCALARS | st.booleans()), st.sampled_from([b"", b" ", b"\n\t "]))
 def test_counting_numbers_agrees_with_a_parser(value: Any, space: bytes) -> None:
     text = orjson.dumps(value, option=orjson.OPT_INDENT_2).replace(b"\n", space)
-    assert counting.elements("x", "FP64", text, -1, strings=False) == flat_count(value)
+    assert counting.elements("x", "FP64", text, -1, strings=False) == (
+        flat_count(value),
+        array_count(value),
+    )
 
 
 @given(nested(st.text(alphabet=st.sampled_from('ab ,[]"\\{}\n\u00e9'))))
@@ -202,7 +278,21 @@ def test_counting_strings_agrees_with_a_parser(value: Any) -> None:
     """Quotes, backslashes, commas and brackets inside the strings count for nothing."""
     text = orjson.dumps(value)
     count = flat_count(value)
-    assert counting.elements("x", "BYTES", text, count, strings=True) == count
+    assert counting.elements("x", "BYTES", text, count, strings=True) == (count, array_count(value))
+
+
+@given(
+    st.lists(nested(JSON_SCALARS) | nested(st.text(alphabet=st.sampled_from('a ,[]"\\')))),
+    st.sampled_from([b"", b" "]),
+)
+def test_counting_the_outer_elements_agrees_with_a_parser(value: list[Any], space: bytes) -> None:
+    text = orjson.dumps(value, option=orjson.OPT_INDENT_2).replace(b"\n", space)
+    strings = any(isinstance(each, str) for each in flat(value))
+    assert counting.outer(text, strings) == len(value)
+
+
+def flat(value: Any) -> list[Any]:
+    return [leaf for each in value for leaf in flat(each)] if isinstance(value, list) else [value]
 
 
 def test_binary_inputs_are_read_in_order_without_copies() -> None:
@@ -336,3 +426,65 @@ INPUTS = st.fixed_dictionaries(
 def test_any_json_body_is_parsed_or_refused_with_400(document: dict[str, object]) -> None:
     with contextlib.suppress(BadRequest):
         parse_request(orjson.dumps(document), None)
+
+
+GENERATES = ModelMetadata(
+    name="gen",
+    platform="p",
+    inputs=(
+        TensorSpec("text_input", "BYTES", (1,), max_element_bytes=4096),
+        TensorSpec("max_new_tokens", "INT32", (1,), minimum=1, maximum=255),
+        TensorSpec("stop", "BYTES", (-1,), max_elements=16, max_element_bytes=256),
+    ),
+    outputs=(TensorSpec("text_output", "BYTES", (1,)),),
+    max_batch_size=8,
+)
+STRINGS = b"[" + b'"a",' * 999_999 + b'"a"]'
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"text_input": "hi", "parameters": {"stop": ' + STRINGS + b"}}", "max_elements"),
+        (b'{"text_input": ' + STRINGS + b"}", "text_input"),
+        (b'{"text_input": "hi", "parameters": {"max_new_tokens": ' + ZEROS + b"}}", "max_new"),
+        (b'{"text_input": "hi", "junk": ' + STRINGS + b"}", ""),
+    ],
+)
+def test_a_generate_body_is_bounded_before_it_is_decoded(body: bytes, message: str) -> None:
+    """A generate request is one prompt and a few settings: a million stop strings, or of
+    anything else, are refused (or skipped) holding no object each."""
+    peak, raised = peak_bytes(lambda: oip_generate.parse_request(body, GENERATES))
+    if message:
+        assert isinstance(raised, BadRequest) and message in raised.message, raised
+    else:
+        assert raised is None
+    assert peak < 1.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+def one_input(shape: tuple[int, ...], datatype: str = "FP32") -> ModelMetadata:
+    spec = TensorSpec("x", datatype, shape)
+    return ModelMetadata(name="m", platform="p", inputs=(spec,), outputs=(spec,), max_batch_size=8)
+
+
+@pytest.mark.parametrize(
+    ("shape", "instances", "error", "message"),
+    [
+        ((4,), b"[" + b"[0,0,0,0]," * 250_000 + b"[0,0,0,0]]", PayloadTooLarge, "250001 items"),
+        ((-1,), b"[" + b"[0]," * 1_000_000 + b"[0]]", PayloadTooLarge, "1000001 items"),
+        ((-1,), b"[[" + b"0," * 3_000_000 + b"0]]", PayloadTooLarge, "12000004 bytes"),
+        ((-1,), b"[[" + b"[]," * 1_000_000 + b"[]]]", BadRequest, "1000003 arrays"),
+        ((4,), b'[["a",' + b'"a",' * 1_000_000 + b'"a"]]', BadRequest, "does not fit FP32"),
+        ((4,), b"[[" + b"0," * 1_000_000 + b"0]]", BadRequest, "hold 4 elements, got 1000001"),
+    ],
+)
+def test_kserve_v1_instances_are_counted_before_they_are_converted(
+    shape: tuple[int, ...], instances: bytes, error: type[Exception], message: str
+) -> None:
+    """v1 declares no shape: the instances are counted from their text (items, elements,
+    arrays) against the model's input and the request bounds, holding no object each."""
+    body = b'{"instances": ' + instances + b"}"
+    bounds = RequestBounds(max_items=1024, max_bytes=8 << 20)
+    peak, raised = peak_bytes(lambda: kserve_v1.parse_request(body, one_input(shape), bounds))
+    assert isinstance(raised, error) and message in str(raised), raised
+    assert peak < 2.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"

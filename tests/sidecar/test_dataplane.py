@@ -12,9 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from carpool.contract.metadata import ModelMetadata, TensorSpec
-from carpool.contract.wire import Item, ItemResult, Tensor
+from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
+    MAX_MESSAGE_BYTES,
     BadModelResponse,
     BadRequest,
     ModelError,
@@ -25,6 +26,7 @@ from carpool.engine.metrics import SidecarMetrics
 from carpool.engine.settings import BatchingSettings
 from carpool_sidecar.answers import AnswerBudget
 from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import InferRequest, InferResponse, RequestedOutput
 from carpool_sidecar.tensors import RequestTensor
@@ -53,7 +55,7 @@ class Model:
         self.batches: list[list[tuple[int, ...]]] = []
 
     async def send(self, items: Sequence[Item], timeout_s: float) -> tuple[list[ItemResult], None]:
-        self.batches.append([item["x"].shape for item in items])
+        self.batches.append([next(iter(item.values())).shape for item in items])
         return self.answer(items), None
 
 
@@ -111,6 +113,22 @@ async def test_item_error_status_is_an_error_status(status: int, seen: int) -> N
     assert isinstance(outcome, ModelError) and outcome.status == seen
 
 
+async def test_a_models_long_message_reaches_its_callers_cut_short() -> None:
+    """Every caller of a batch gets the model's message for its item: 10 MB each would be
+    answered whole, to each of them."""
+    message = "é" * 5_000_000
+
+    def verbose(items: Sequence[Item]) -> list[ItemResult]:
+        return [ItemResult.failed(message, 400) for _ in items]
+
+    async with dataplane(verbose) as (plane, _):
+        outcomes = await infer_all(plane, request([1.0]), request([2.0]))
+    for outcome in outcomes:
+        assert isinstance(outcome, ModelError) and outcome.status == 400
+        assert outcome.message.startswith("éé") and "10000000 bytes in all" in outcome.message
+        assert len(outcome.message.encode()) <= MAX_MESSAGE_BYTES + 64
+
+
 async def test_outputs_that_differ_between_items_are_a_bad_model_response() -> None:
     def ragged(items: Sequence[Item]) -> list[ItemResult]:
         sizes = range(1, len(items) + 1)
@@ -146,6 +164,48 @@ async def test_an_answer_over_the_limit_is_refused_before_it_is_built(
     assert "up to 256 bytes, more than the limit of 100" in outcome.message
     assert bool(model.batches) == runs
     assert budget.unsent == 0
+
+
+async def test_the_id_an_answer_echoes_counts_in_its_size() -> None:
+    """An id of 1,000 characters makes the answer 1 kB longer: within a limit of 500 only
+    without it."""
+    budget = AnswerBudget(500, 2**30)
+    async with dataplane(answers=budget, output_shape=(2,)) as (plane, model):
+        [plain] = await infer_all(plane, request([1.0, 2.0]))
+        long_id = dataclasses.replace(request([1.0, 2.0]), id="x" * 1000)
+        [outcome] = await infer_all(plane, long_id)
+    assert isinstance(plain, InferResponse)
+    assert isinstance(outcome, PayloadTooLarge), outcome
+    assert len(model.batches) == 1  # refused before the model ran
+
+
+async def test_generated_text_is_an_answer_held_and_bounded_like_any() -> None:
+    """A model server may answer a 1 MB text: over the answer limit it is refused; within
+    it, it holds its room until the front has sent it."""
+    text = b"x" * (1 << 20)
+
+    def talkative(items: Sequence[Item]) -> list[ItemResult]:
+        return [ItemResult(outputs={"text_output": Tensor(BYTES, (1,), [text])}) for _ in items]
+
+    generates = dataclasses.replace(
+        metadata(False),
+        inputs=(TensorSpec("text_input", BYTES, (1,)),),
+        outputs=(TensorSpec("text_output", BYTES, (1,)),),
+    )
+    now = asyncio.get_running_loop().time()
+    for limit in (1 << 20, 1 << 23):
+        budget = AnswerBudget(1 << 30, 1 << 30)
+        async with dataplane(talkative, answers=budget) as (plane, _):
+            plane.state.metadata = generates
+            call = plane.generate(GenerateRequest("hi"), None, now, limit)
+            outcome = (await asyncio.gather(call, return_exceptions=True))[0]
+        if limit == 1 << 20:
+            assert isinstance(outcome, PayloadTooLarge) and budget.unsent == 0, outcome
+        else:
+            assert isinstance(outcome, GenerateResponse) and outcome.held is not None
+            assert budget.unsent >= len(text)
+            outcome.held.release()
+            assert budget.unsent == 0
 
 
 async def test_answers_not_yet_sent_hold_a_bounded_budget() -> None:

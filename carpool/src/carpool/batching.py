@@ -13,12 +13,13 @@ split in halves and retried, so only the items that fail alone get the exception
 function must tolerate seeing the other items again). An item can also fail alone by having
 its slot in the returned list hold an Exception.
 
-The function's own bugs fail the whole batch at once, never split: an answer that is not
-one result per item (None, a generator, a list of the wrong length), and a BaseException
-it raises (SystemExit, KeyboardInterrupt), which must not end the event loop. A batch ends
-at its callers' latest deadline: a coroutine still running is cancelled (and not waited
-for); a thread cannot be, so it is left to finish on its own while new batches get fresh
-threads, at most STUCK_THREADS of them left running at once.
+The function answers a list, or an array (numpy, torch) a row per item. Its own bugs fail
+the whole batch at once, never split: an answer that is not one result per item (None, a
+generator, a list of the wrong length), and a BaseException it raises (SystemExit,
+KeyboardInterrupt), which must not end the event loop. A batch ends at its callers' latest
+deadline: a coroutine still running is cancelled (and not waited for); a thread cannot be,
+so it is left to finish on its own while new batches get fresh threads, at most
+STUCK_THREADS of them left running at once.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import math
 import threading
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from prometheus_client import CollectorRegistry
 
@@ -144,9 +146,13 @@ class Batched(Generic[ItemT, ResultT]):
         """The function's result for `item`, computed in a batch with other callers' items.
 
         Raises what the function raised for this item, QueueFull when the queue is at its
-        bound, DeadlineExceeded after `timeout_ms` (default: the decorator's), Unavailable
-        once closed. Cancelling the caller drops the item if its batch has not started.
+        bound, DeadlineExceeded after `timeout_ms` (default: the decorator's; ValueError
+        unless finite), Unavailable once closed. Cancelling the caller drops the item if its
+        batch has not started.
         """
+        if timeout_ms is not None and not math.isfinite(timeout_ms):
+            # No deadline at all: a call that never returns would hold its caller forever.
+            raise ValueError(f"timeout_ms must be a finite number, got {timeout_ms!r}")
         batcher = self._engine()
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -239,7 +245,7 @@ class Batched(Generic[ItemT, ResultT]):
 
     async def _attempt(self, items: Sequence[ItemT]) -> bisection.Outcome[ResultT | Exception]:
         try:
-            results = await self._run(list(items))
+            answer = await self._run(list(items))
         except asyncio.CancelledError:
             raise  # the batch's deadline, or the engine stopping
         except Exception as error:
@@ -248,8 +254,9 @@ class Batched(Generic[ItemT, ResultT]):
             aborted = FunctionAborted(f"{self.name} raised {error!r}")
             aborted.__cause__ = error
             return aborted
-        if not isinstance(results, Sequence) or isinstance(results, str | bytes):
-            kind = "None" if results is None else type(results).__name__
+        results = _rows(answer)
+        if results is None:
+            kind = "None" if answer is None else type(answer).__name__
             return BadModelResponse(
                 f"{self.name} returned {kind}, not a list of {len(items)} results"
             )
@@ -281,6 +288,16 @@ class Batched(Generic[ItemT, ResultT]):
                 stuck, self._executor = self._executor, self._new_executor()
                 stuck.shutdown(wait=False)
             raise
+
+
+def _rows(answer: object) -> Sequence[Any] | None:
+    """The function's answer as one result per item: a list (any sequence but a string), or
+    an array (numpy, torch) a row each; None when it is neither."""
+    if isinstance(answer, Sequence) and not isinstance(answer, str | bytes):
+        return answer
+    if hasattr(answer, "__array__") and getattr(answer, "ndim", 0) >= 1:
+        return list(cast(Iterable[Any], answer))
+    return None
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -24,10 +24,11 @@ from carpool.engine.errors import CLIENT_GONE, SidecarError
 from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool_sidecar import operations as op
+from carpool_sidecar.answers import Held
 from carpool_sidecar.build import Sidecar, build_sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.dataplane import DataPlane
-from carpool_sidecar.inference import MODEL_VERSION, InferResponse
+from carpool_sidecar.inference import MODEL_VERSION
 from carpool_sidecar.operations import Operation
 from carpool_sidecar.supervision import supervised
 
@@ -106,17 +107,17 @@ def check_model(request: web.Request) -> DataPlane:
 
 async def send_answer(
     request: web.Request,
-    answer: InferResponse,
-    encode: Callable[[InferResponse], tuple[Sequence[bytes | memoryview], dict[str, str]]],
+    held: Held | None,
+    encode: Callable[[], tuple[Sequence[bytes | memoryview], dict[str, str]]],
 ) -> web.StreamResponse:
     """Encode and send an answer; its room in the answer budget is given back once sent, or
     once it never will be."""
     try:
-        parts, extra = encode(answer)
+        parts, extra = encode()
         return await request.app[SIDECAR].sending.send(request, parts, extra)
     finally:
-        if answer.held is not None:
-            answer.held.release()
+        if held is not None:
+            held.release()
 
 
 async def v2_infer(request: web.Request) -> web.StreamResponse:
@@ -131,7 +132,7 @@ async def v2_infer(request: web.Request) -> web.StreamResponse:
     )
     answer_limit = request.app[SIDECAR].config.max_answer_bytes
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at, answer_limit)
-    return await send_answer(request, response, oip.encode_response)
+    return await send_answer(request, response.held, lambda: oip.encode_response(response))
 
 
 async def v1_predict(request: web.Request) -> web.StreamResponse:
@@ -145,23 +146,24 @@ async def v1_predict(request: web.Request) -> web.StreamResponse:
     )
     answer_limit = request.app[SIDECAR].config.max_answer_bytes
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at, answer_limit)
-    return await send_answer(request, response, _v1_encoded)
+    encoded = kserve_v1.encode_response
+    return await send_answer(request, response.held, lambda: _json_parts(encoded(response)))
 
 
-def _v1_encoded(response: InferResponse) -> tuple[list[bytes], dict[str, str]]:
-    return [kserve_v1.encode_response(response)], {"Content-Type": "application/json"}
-
-
-async def v2_generate(request: web.Request) -> web.Response:
+async def v2_generate(request: web.Request) -> web.StreamResponse:
     arrived_at = asyncio.get_running_loop().time()
     dataplane = check_model(request)
     timeout_ms = headers.timeout_ms(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    generate_request = oip_generate.parse_request(body)
-    response = await dataplane.generate(generate_request, timeout_ms, arrived_at)
-    return web.Response(
-        body=oip_generate.encode_response(response), content_type="application/json"
-    )
+    generate_request = oip_generate.parse_request(body, dataplane.metadata())
+    answer_limit = request.app[SIDECAR].config.max_answer_bytes
+    response = await dataplane.generate(generate_request, timeout_ms, arrived_at, answer_limit)
+    encoded = oip_generate.encode_response
+    return await send_answer(request, response.held, lambda: _json_parts(encoded(response)))
+
+
+def _json_parts(body: bytes) -> tuple[list[bytes], dict[str, str]]:
+    return [body], {"Content-Type": "application/json"}
 
 
 async def live(request: web.Request) -> web.Response:

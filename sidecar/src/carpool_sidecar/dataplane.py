@@ -14,6 +14,7 @@ from typing import overload
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from carpool.contract.generation import TEXT_OUTPUT
 from carpool.contract.metadata import ModelMetadata, TensorSpec
@@ -116,13 +117,15 @@ class DataPlane:
         inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
         output_names = _output_names(request, metadata)
         binary = _binary_outputs(request, output_names)
-        # Outputs of fixed shape tell the answer's size before any work is done.
+        # Outputs of fixed shape tell the answer's size before any work is done; the id it
+        # echoes counts too.
+        echoed = 0 if request.id is None else len(orjson.dumps(request.id))
         fixed = _fixed_answer_bytes(metadata, output_names, binary, inputs[0].items)
-        self.answers.check(fixed, answer_limit)
+        self.answers.check(echoed + fixed, answer_limit)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority)
         parts = {name: _output_of_items(name, results) for name in output_names}
-        held = self.answers.hold(_answer_bytes(parts, binary), answer_limit)
+        held = self.answers.hold(echoed + _answer_bytes(parts, binary), answer_limit)
         try:
             outputs = [stack(name, parts[name]) for name in output_names]
         except BaseException:
@@ -131,16 +134,26 @@ class DataPlane:
         return InferResponse(self.model_name, request.id, outputs, binary, held)
 
     async def generate(
-        self, request: GenerateRequest, header_timeout_ms: float | None, arrived_at: float
+        self,
+        request: GenerateRequest,
+        header_timeout_ms: float | None,
+        arrived_at: float,
+        answer_limit: int,
     ) -> GenerateResponse:
         """Generate text for one prompt, batched with other requests (/infer ones too) whose
-        prompt length and max_new_tokens fall in the same buckets."""
+        prompt length and max_new_tokens fall in the same buckets. The text is an answer as
+        any: within `answer_limit`, its room held until the front releases it."""
         metadata = self.metadata()
         inputs = generation.model_inputs(request, metadata)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority)
         (output,) = _output_of_items(TEXT_OUTPUT, results)
-        return GenerateResponse(self.model_name, generation.text_of(output))
+        held = self.answers.hold(_answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
+        try:
+            return GenerateResponse(self.model_name, generation.text_of(output), held)
+        except BaseException:
+            held.release()
+            raise
 
     async def _submit(
         self,

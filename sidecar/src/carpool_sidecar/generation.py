@@ -24,6 +24,7 @@ from carpool.contract.generation import (
 from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import BYTES, Tensor
 from carpool.engine.errors import BadModelResponse, BadRequest
+from carpool_sidecar.answers import Held
 from carpool_sidecar.tensors import RequestTensor, from_json, json_values
 
 
@@ -43,12 +44,14 @@ class GenerateRequest:
 class GenerateResponse:
     model_name: str
     text_output: str
+    # Its room in the answer budget, released by the front once the answer is sent.
+    held: Held | None = None
 
 
 def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[RequestTensor]:
     """The request as one item of the model's inputs; BadRequest when the model does not
     generate text or does not take a setting the request gives."""
-    _check_generates(metadata)
+    check_generates(metadata)
     given: list[tuple[str, object, object]] = [
         (MAX_NEW_TOKENS, request.max_new_tokens, DEFAULT_MAX_NEW_TOKENS),
         (TEMPERATURE, request.temperature, 0.0),
@@ -57,17 +60,27 @@ def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[Requ
     ]
     inputs = [_tensor(TEXT_INPUT, BYTES, [request.text_input])]
     for name, value, default in given:
+        if value is not None:
+            check_values(metadata, name, len(_as_sequence(value)))
         spec = metadata.input(name)
         if spec is None:
-            if value is not None:
-                raise BadRequest(f"parameter {name!r}: model {metadata.name!r} takes no {name}")
             continue
         chosen = default if value is None else value
         inputs.append(_tensor(name, spec.datatype, list(_as_sequence(chosen))))
     return inputs
 
 
-def _check_generates(metadata: ModelMetadata) -> None:
+def check_values(metadata: ModelMetadata, name: str, count: int) -> None:
+    """BadRequest when a request gives `count` values of the setting `name` and the model
+    takes none, or fewer."""
+    spec = metadata.input(name)
+    if spec is None:
+        raise BadRequest(f"parameter {name!r}: model {metadata.name!r} takes no {name}")
+    if (error := spec.limit_error((count,), [])) is not None:
+        raise BadRequest(error)
+
+
+def check_generates(metadata: ModelMetadata) -> None:
     """BadRequest unless the model takes a `text_input` and gives a `text_output`, as text."""
     for kind, name, spec in (
         ("input", TEXT_INPUT, metadata.input(TEXT_INPUT)),

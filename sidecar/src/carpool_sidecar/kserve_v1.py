@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -18,9 +19,11 @@ from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import BYTES, NUMPY_DTYPES
 from carpool.engine.bounds import RequestBounds
 from carpool.engine.errors import BadRequest
+from carpool_sidecar import counting
+from carpool_sidecar.bounds import declared_bytes
 from carpool_sidecar.inference import InferRequest, InferResponse
-from carpool_sidecar.oip import loads
-from carpool_sidecar.tensors import RequestTensor, from_json, json_values
+from carpool_sidecar.oip import decode, loads
+from carpool_sidecar.tensors import RequestTensor, element_count, from_json, json_values
 
 # BF16 travels as uint16 words but is given as floats.
 INTEGER_DATATYPES = frozenset(
@@ -28,21 +31,42 @@ INTEGER_DATATYPES = frozenset(
 )
 
 
+class _Body(msgspec.Struct):
+    # Kept as text: counted against the model's input and the bounds before it is converted.
+    instances: msgspec.Raw = msgspec.Raw()
+
+
 def parse_request(
     body: bytes | bytearray, metadata: ModelMetadata, bounds: RequestBounds
 ) -> InferRequest:
-    """The request in `body`; its instance count is checked against `bounds` before the
-    instances are converted."""
-    document = loads(body)
-    instances = document.get("instances") if isinstance(document, dict) else None
-    if not isinstance(instances, list) or not instances:
-        raise BadRequest("body must be an object with a non-empty 'instances' list")
-    bounds.check_items(len(instances))
+    """The request in `body`. v1 declares no shape, so its instances, elements and arrays
+    are counted from the text and checked against the model's one input and `bounds`
+    before the instances are converted."""
+    text = bytes(decode(body, _Body).instances)
     if len(metadata.inputs) != 1:
         raise BadRequest(
             f"v1 predict needs a model with one input; this one takes {len(metadata.inputs)}"
         )
     spec = metadata.inputs[0]
+    strings = spec.datatype == BYTES
+    if not text.startswith(b"[") or not (items := counting.outer(text, strings)):
+        raise BadRequest("body must be an object with a non-empty 'instances' list")
+    bounds.check_items(items)
+    scalars, arrays = counting.elements(spec.name, spec.datatype, text, len(text), strings)
+    bounds.check_bytes(declared_bytes(spec.datatype, (scalars,), None))
+    if not spec.variable and scalars != items * element_count(spec.shape):
+        raise BadRequest(
+            f"input {spec.name!r}: {items} instances of shape {list(spec.shape)} hold "
+            f"{items * element_count(spec.shape)} elements, got {scalars}"
+        )
+    # Each instance an array, each of its rows one, each scalar wrapped at most once.
+    room = 1 + items + len(spec.shape) * scalars
+    if arrays > room:
+        raise BadRequest(
+            f"instances hold {arrays} arrays, more than {items} instances of {scalars} "
+            f"elements in all have room for ({room})"
+        )
+    instances = loads(text)
     try:
         # Converted once: from_json takes the array as it is.
         array = np.asarray(instances, dtype=object if spec.datatype == BYTES else None)

@@ -8,7 +8,7 @@ order. A binary response is laid out the same way and says so in the same header
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import orjson
@@ -20,6 +20,7 @@ from carpool_sidecar import counting
 from carpool_sidecar.bounds import declared_bytes
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool_sidecar.tensors import (
+    MAX_DIMS,
     RequestTensor,
     binary_bytes,
     check_count,
@@ -30,6 +31,7 @@ from carpool_sidecar.tensors import (
 )
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+T = TypeVar("T")
 
 
 def loads(body: bytes | bytearray | memoryview) -> Any:
@@ -39,18 +41,40 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
         raise BadRequest(f"body is not valid JSON: {error}") from error
 
 
+# A request names a few inputs and outputs, each an object with an object of parameters:
+# far fewer objects than this, which decode in well under a millisecond.
+MAX_OBJECTS = 1024
+# Parameters are scalars; any other value is refused before it becomes objects.
+Scalar = bool | int | float | str | None
+
+
+class _OutputParameters(msgspec.Struct):
+    binary_data: msgspec.Raw = msgspec.Raw()
+
+
 class _Output(msgspec.Struct):
-    name: Any = None
-    parameters: dict[str, msgspec.Raw] | None = None
+    name: str | None = None
+    parameters: _OutputParameters | None = None
+
+
+class _InputParameters(msgspec.Struct):
+    binary_data_size: msgspec.Raw = msgspec.Raw()
 
 
 class _Input(msgspec.Struct):
-    name: Any = None
-    datatype: Any = None
-    shape: Any = None
-    parameters: dict[str, msgspec.Raw] | None = None
+    name: str | None = None
+    datatype: str | None = None
+    # Kept as text: its dimensions are counted before they are decoded.
+    shape: msgspec.Raw = msgspec.Raw()
+    parameters: _InputParameters | None = None
     # Kept as its text: counted against the shape before it is converted. Empty: absent.
     data: msgspec.Raw = msgspec.Raw()
+
+
+class _Parameters(msgspec.Struct):
+    binary_data_output: msgspec.Raw = msgspec.Raw()
+    priority: msgspec.Raw = msgspec.Raw()
+    timeout: msgspec.Raw = msgspec.Raw()
 
 
 class _Document(msgspec.Struct):
@@ -61,7 +85,7 @@ class _Document(msgspec.Struct):
     inputs: list[_Input] | None = None
     outputs: list[_Output] | None = None
     id: msgspec.Raw = msgspec.Raw()
-    parameters: dict[str, msgspec.Raw] | None = None
+    parameters: _Parameters | None = None
 
 
 def parse_request(
@@ -74,8 +98,8 @@ def parse_request(
         header_length = len(body)
     if not 0 < header_length <= len(body):
         raise BadRequest(f"{HEADER_LENGTH} {header_length} does not fit a {len(body)}-byte body")
-    document = _decode(view[:header_length])
-    parameters = _parameters(document.parameters, ("binary_data_output", "priority", "timeout"))
+    document = _decode(body, header_length)
+    parameters = scalar_parameters(document.parameters)
     if not document.inputs:
         raise BadRequest("'inputs' must be a non-empty list")
     declared = [_declare(raw) for raw in document.inputs]
@@ -100,19 +124,45 @@ def parse_request(
     )
 
 
-def _decode(header: memoryview) -> _Document:
+def _decode(body: bytes | bytearray, header_length: int) -> _Document:
+    """The JSON header, once it is known to hold at most MAX_OBJECTS objects."""
+    if body.count(b"{", 0, header_length) > MAX_OBJECTS:  # strings' braces counted too
+        found = counting.objects(bytes(memoryview(body)[:header_length]))
+        if found > MAX_OBJECTS:
+            raise BadRequest(
+                f"the request holds {found} JSON objects, more than {MAX_OBJECTS}: it names "
+                "each input and output once"
+            )
+    return decode(memoryview(body)[:header_length], _Document)
+
+
+def decode(text: bytes | bytearray | memoryview, kind: type[T]) -> T:
+    """`text` as JSON of `kind`; BadRequest says what is wrong with it."""
     try:
-        return msgspec.json.decode(header, type=_Document)
+        return msgspec.json.decode(text, type=kind)
     except msgspec.ValidationError as error:
         raise BadRequest(f"request does not follow the protocol: {error}") from error
     except msgspec.DecodeError as error:
         raise BadRequest(f"body is not valid JSON: {error}") from error
 
 
-def _parameters(raw: dict[str, msgspec.Raw] | None, keys: tuple[str, ...]) -> dict[str, Any]:
-    """The parameters the sidecar reads, decoded; the others stay text."""
-    raw = raw or {}
-    return {key: msgspec.json.decode(raw[key]) for key in keys if key in raw}
+def scalar_parameters(raw: msgspec.Struct | None, *texts: str) -> dict[str, Scalar]:
+    """The parameters the sidecar reads, each a scalar, by name, but for `texts`, read
+    otherwise; unknown parameters were skipped."""
+    if raw is None:
+        return {}
+    decoded = {}
+    for key in raw.__struct_fields__:
+        if key in texts:
+            continue
+        value: msgspec.Raw = getattr(raw, key)
+        if not value:
+            continue
+        try:
+            decoded[key] = msgspec.json.decode(value, type=Scalar)
+        except msgspec.ValidationError:
+            raise BadRequest(f"parameter {key!r} must be a number, a string or a boolean") from None
+    return decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,24 +180,31 @@ def _declare(raw: _Input) -> _Declared:
         raise BadRequest("each input must be an object with a 'name'")
     name: str = raw.name
     datatype = raw.datatype
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
+    if datatype not in DATATYPES:
         raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}")
-    shape = raw.shape
-    if (
-        not isinstance(shape, list)
-        or not shape
-        or not all(isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in shape)
-    ):
-        raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
-    if shape[0] == 0:
-        raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
-    size = _parameters(raw.parameters, ("binary_data_size",)).get("binary_data_size")
+    shape = _shape(name, raw.shape)
+    size = scalar_parameters(raw.parameters).get("binary_data_size")
     if size is None:
         if not raw.data:
             raise BadRequest(f"input {name!r}: neither 'data' nor binary_data_size")
     elif not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise BadRequest(f"input {name!r}: binary_data_size must be a byte count, got {size!r}")
     return _Declared(name, datatype, tuple(shape), size)
+
+
+def _shape(name: str, raw: msgspec.Raw) -> tuple[int, ...]:
+    """The declared shape, its dimensions counted before they are decoded."""
+    if bytes(raw).count(b",") >= MAX_DIMS:
+        raise BadRequest(f"input {name!r}: 'shape' has more than {MAX_DIMS} dimensions")
+    try:
+        shape = msgspec.json.decode(raw, type=list[int]) if raw else []
+    except msgspec.ValidationError:
+        shape = []
+    if not shape or any(dim < 0 for dim in shape):
+        raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
+    if shape[0] == 0:
+        raise BadRequest(f"input {name!r}: the batch dimension must be at least 1")
+    return tuple(shape)
 
 
 def _convert(
@@ -158,21 +215,17 @@ def _convert(
     )  # fmt: skip
     if size is None:
         text = bytes(data)
-        have = counting.elements(name, datatype, text, element_count(dims), datatype == BYTES)
+        have, arrays = counting.elements(
+            name, datatype, text, element_count(dims), datatype == BYTES
+        )
         check_count(name, dims, have)
+        counting.check_arrays(name, dims, arrays)
         values = from_json(name, datatype, dims, loads(text))
         return RequestTensor(name, datatype, dims, values), offset
     if offset + size > len(body):
         raise BadRequest(f"input {name!r}: binary_data_size {size} runs past the body")
     values = from_binary(name, datatype, dims, body[offset : offset + size])
     return RequestTensor(name, datatype, dims, values), offset + size
-
-
-def parameters_of(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    parameters = raw.get("parameters", {})
-    if not isinstance(parameters, dict):
-        raise BadRequest(f"{where}: 'parameters' must be an object")
-    return parameters
 
 
 def _outputs(raw: list[_Output] | None) -> list[RequestedOutput] | None:
@@ -182,7 +235,7 @@ def _outputs(raw: list[_Output] | None) -> list[RequestedOutput] | None:
     for entry in raw:
         if not isinstance(entry.name, str):
             raise BadRequest("each requested output must be an object with a 'name'")
-        parameters = _parameters(entry.parameters, ("binary_data",))
+        parameters = scalar_parameters(entry.parameters)
         binary = _flag(parameters, "binary_data") if "binary_data" in parameters else None
         outputs.append(RequestedOutput(entry.name, binary))
     return outputs

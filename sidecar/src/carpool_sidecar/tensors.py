@@ -20,6 +20,8 @@ from carpool.engine.errors import BadModelResponse, BadRequest
 
 Array = npt.NDArray[Any]
 _LENGTH = struct.Struct("<I")
+# The most dimensions a numpy array has: a tensor with more cannot be converted.
+MAX_DIMS = 64
 
 
 @dataclass(frozen=True, slots=True)

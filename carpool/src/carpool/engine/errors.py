@@ -8,6 +8,10 @@ from __future__ import annotations
 
 # Not an HTTP status: the client went away before its answer (nginx's convention).
 CLIENT_GONE = 499
+# The longest message an error carries, in UTF-8 bytes. A message may hold what a caller or
+# the model server sent (a name, a model's own words), and goes to every caller of a batch;
+# over gRPC it travels percent-encoded in a trailer, which clients refuse past 8 to 16 KiB.
+MAX_MESSAGE_BYTES = 1024
 
 
 class SidecarError(Exception):
@@ -28,6 +32,7 @@ class SidecarError(Exception):
         headers: dict[str, str] | None = None,
         close_connection: bool | None = None,
     ) -> None:
+        message = _bounded(message)
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
@@ -101,3 +106,14 @@ class DeadlineExceeded(SidecarError):
     status = 504
     description = "The request's deadline passed."
     rejected_reason = "deadline"
+
+
+def _bounded(message: str) -> str:
+    """`message`, cut to MAX_MESSAGE_BYTES of UTF-8 (on a character boundary) if longer."""
+    if len(message) <= MAX_MESSAGE_BYTES // 4:  # short enough in any encoding
+        return message
+    encoded = message.encode(errors="surrogatepass")
+    if len(encoded) <= MAX_MESSAGE_BYTES:
+        return message
+    cut = encoded[:MAX_MESSAGE_BYTES].decode(errors="ignore")
+    return f"{cut}... ({len(encoded)} bytes in all)"

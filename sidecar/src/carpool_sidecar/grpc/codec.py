@@ -25,6 +25,7 @@ from carpool.engine.errors import BadRequest
 from carpool_sidecar.bounds import declared_bytes
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse, RequestedOutput
 from carpool_sidecar.tensors import (
+    MAX_DIMS,
     Array,
     RequestTensor,
     binary_bytes,
@@ -104,6 +105,8 @@ def _shape(tensor: ModelInferRequest.InferInputTensor) -> tuple[int, ...]:
     name = tensor.name
     if tensor.datatype not in DATATYPES:
         raise BadRequest(f"input {name!r}: unknown datatype {tensor.datatype!r}")
+    if len(tensor.shape) > MAX_DIMS:
+        raise BadRequest(f"input {name!r}: 'shape' has more than {MAX_DIMS} dimensions")
     dims = tuple(tensor.shape)
     if not dims or any(dim < 0 for dim in dims):
         raise BadRequest(f"input {name!r}: 'shape' must be a non-empty list of counts")
@@ -177,7 +180,7 @@ def _timeout(parameters: Mapping[str, InferParameter]) -> float | None:
     value = _number(parameters, "timeout")
     if value is None:
         return None
-    if value <= 0:
+    if not value > 0:  # NaN too
         raise BadRequest(f"parameter 'timeout' must be microseconds > 0, got {value!r}")
     return value / 1000
 
