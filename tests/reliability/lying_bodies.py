@@ -4,7 +4,10 @@ One implementation for the quick test (`test_lying_bodies.py`) and the soak
 (`bench/soak.py lying_bodies`). At once: `json_bodies` OIP JSON bodies of `mib` MB of
 numbers each, declared [1, 4]; one JSON body declaring `rows` rows under an escaped key
 (`"sha\\u0070e"`); one binary body of `mib` MB of empty BYTES elements declared [1, 4]; one
-gRPC call with `mib` MB of typed FP32 contents declared [1, 4]. A good client calls the toy
+gRPC call with `mib` MB of typed FP32 contents declared [1, 4]. And bodies whose JSON
+around the data is outsized: `mib` MB of empty arrays as the data of a [1, 4] input; a
+priority parameter of `mib` MB; a KServe v1 body of `mib` MB of one-number instances,
+which declares no shape at all. A good client calls the toy
 model every 20 ms and a prober asks /v2/health/live every 20 ms; a thread samples the
 sidecar's RSS.
 """
@@ -73,6 +76,23 @@ def escaped_key(rows: int) -> bytes:
     )
 
 
+def empty_arrays(mib: int) -> bytes:
+    data = b"[" + b"[]," * (mib * 2**20 // 3) + b"[1,2,3,4]]"
+    return b'{"inputs":[{"name":"input","datatype":"FP32","shape":[1,4],"data":%s}]}' % data
+
+
+def outsized_parameter(mib: int) -> bytes:
+    zeros = b"[" + b"0," * (mib * 2**19) + b"0]"
+    return (
+        b'{"inputs":[{"name":"input","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],'
+        b'"parameters":{"priority":%s}}' % zeros
+    )
+
+
+def v1_instances(mib: int) -> bytes:
+    return b'{"instances":[' + b"[0]," * (mib * 2**18) + b"[0]]}"
+
+
 def lying_bytes(mib: int) -> tuple[bytes, int]:
     raw = struct.pack("<I", 0) * (mib * 2**18)
     header = orjson.dumps(
@@ -107,8 +127,18 @@ async def _run(folder: Path, plan: Plan) -> Report:
         json_body, escaped = lying_json(plan.mib), escaped_key(plan.rows)
         bytes_body, header_length = lying_bytes(plan.mib)
         message = lying_grpc(plan.mib)
+        structure = {
+            "empty arrays": empty_arrays(plan.mib),
+            "parameter": outsized_parameter(plan.mib),
+        }
+        instances = v1_instances(plan.mib)
         report.body_bytes = (
-            plan.json_bodies * len(json_body) + len(escaped) + len(bytes_body) + message.ByteSize()
+            plan.json_bodies * len(json_body)
+            + len(escaped)
+            + len(bytes_body)
+            + message.ByteSize()
+            + sum(map(len, structure.values()))
+            + len(instances)
         )
         async with aiohttp.ClientSession() as http:
             await call(http, sidecar, rows_for(random.Random(0), 2), 10)  # warm
@@ -130,6 +160,8 @@ async def _run(folder: Path, plan: Plan) -> Report:
                         {"Inference-Header-Content-Length": str(header_length)},
                     ),
                     _grpc(sidecar, message),
+                    *(_post(http, sidecar, what, body, {}) for what, body in structure.items()),
+                    _post(http, sidecar, "v1 instances", instances, {}, route="v1"),
                 ]
                 report.liars = list(await asyncio.gather(*liars))
                 await asyncio.sleep(0.5)
@@ -140,10 +172,20 @@ async def _run(folder: Path, plan: Plan) -> Report:
 
 
 async def _post(
-    http: aiohttp.ClientSession, sidecar: Sidecar, what: str, body: bytes, headers: dict[str, str]
+    http: aiohttp.ClientSession,
+    sidecar: Sidecar,
+    what: str,
+    body: bytes,
+    headers: dict[str, str],
+    route: str = "v2",
 ) -> tuple[str, int | str, float]:
     started = time.monotonic()
-    url = f"{sidecar.url}/v2/models/{sidecar.model}/infer"
+    path = (
+        f"v1/models/{sidecar.model}:predict"
+        if route == "v1"
+        else f"v2/models/{sidecar.model}/infer"
+    )
+    url = f"{sidecar.url}/{path}"
     async with http.post(url, data=body, headers=headers) as reply:
         await reply.read()
         return what, reply.status, time.monotonic() - started
@@ -184,7 +226,15 @@ def summary(report: Report) -> str:
 
 def broken_promises(report: Report, plan: Plan) -> list[str]:
     broken = []
-    expected = {"json": 400, "escaped key": 413, "BYTES": 400, "gRPC typed": "INVALID_ARGUMENT"}
+    expected = {
+        "json": 400,
+        "escaped key": 413,
+        "BYTES": 400,
+        "gRPC typed": "INVALID_ARGUMENT",
+        "empty arrays": 400,
+        "parameter": 400,
+        "v1 instances": 413,
+    }
     # Uploads share the machine, and large bodies are counted one at a time.
     allowed_s = 1.0 + 2.0 * report.body_bytes / (100 << 20)
     for what, status, seconds in report.liars:
