@@ -26,6 +26,9 @@ def fast(**options: object) -> TimedModel:
     return TimedModel(fixed_s=0.002, per_item_s=0.00005, **options)  # type: ignore[arg-type]
 
 
+# Both measure the engine's timers against a 2 ms device: on cores shared with other tests
+# the timers themselves run late.
+@pytest.mark.serial
 async def test_a_lone_caller_after_a_crowd_never_waits_for_company() -> None:
     model = fast()
     async with running(model, max_wait_ms=5) as served:
@@ -42,6 +45,7 @@ async def test_a_lone_caller_after_a_crowd_never_waits_for_company() -> None:
     assert sorted(batch.sent - batch.submitted for batch in lone)[len(lone) // 2] < 0.001
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(
     "outliers",
     [{"slow": {0: 1.0}}, {"first_run_s": 0.2}],
