@@ -43,6 +43,7 @@ from carpool import processes
 from carpool.comma_list import CommaList
 from carpool.engine.settings import BatchingSettings
 from carpool.loadgen import runner, workload
+from carpool_model_server.config import DTYPES
 
 DEFAULTS = BatchingSettings()
 LIMIT_SCRIPT = servers.BENCH_DIR / "limit.py"
@@ -220,7 +221,7 @@ def _peer_variants(
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["fp32", "fp16", "bf16"]),
+    type=click.Choice(DTYPES),
     default="fp32",
     show_default=True,
     help="The model's dtype in every variant and the limit; fp16 needs CUDA.",

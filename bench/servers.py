@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -227,6 +228,9 @@ def _signals_deferred() -> Iterator[None]:
     server's stop, it would leave the server running. (Blocking the signals would not do:
     the kernel hands them to another thread, and Python raises them in the main one anyway.)
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread takes signals, and only it may set their handlers
+        return
     received: list[int] = []
     stopping = (signal.SIGINT, signal.SIGTERM)
     previous = {
