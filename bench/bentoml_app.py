@@ -34,6 +34,7 @@ ENV = {
     "device": "CARPOOL_BENCH_DEVICE",
     "torch_threads": "CARPOOL_BENCH_TORCH_THREADS",
     "max_batch_size": "CARPOOL_BENCH_MAX_BATCH_SIZE",
+    "dtype": "CARPOOL_BENCH_DTYPE",
 }
 HANDLER = os.environ.get(ENV["handler"], "text-embedding")
 MODEL_NAME = os.environ.get(ENV["model_name"], HANDLER)
@@ -49,6 +50,7 @@ class CarpoolModel:
             os.environ.get(ENV["device"], "auto"),
             int(os.environ.get(ENV["torch_threads"], "1")),
             MAX_BATCH_SIZE,
+            os.environ.get(ENV["dtype"], "fp32"),
         )
 
     @bentoml.api(
@@ -74,6 +76,7 @@ def main(served: peer_model.Served) -> None:
         "device": served.device,
         "torch_threads": str(served.torch_threads),
         "max_batch_size": str(served.max_batch_size),
+        "dtype": served.dtype,
     }
     os.environ.update({ENV[key]: value for key, value in settings.items()})
     os.environ["BENTOML_DO_NOT_TRACK"] = "true"

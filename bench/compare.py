@@ -8,12 +8,16 @@ rounds, against the model's own limit at every batch size the load can form.
     python bench/compare.py --model trivial      # the HTTP front's own cost, concurrency 64
     python bench/compare.py --device cuda:0 --text-length long   # a batch-friendly GPU run
     python bench/compare.py --handler stand-in --handler-options preset=fast   # a GPU's timing
+    python bench/compare.py --model bert-large --device cuda:0 --dtype fp16    # GPU-bound
 
 Each round starts every variant in turn (unbatched, carpool, then each peer whose venv is
 built), loads it at every concurrency, stops it, then measures the model's in-process limit
-at each batch size min(clients, max batch size) and at the powers of two. The summary gives
-the median and range over rounds, and ratios paired round by round. Everything lands in
-`--results` as summary.txt, results.json and compare.png.
+at each batch size min(clients, max batch size) and at the powers of two, beside the
+accelerator's own ceiling there (the forward pass alone, batches prepared in advance). On a
+GPU, with nvidia-ml-py installed, each cell records the GPU's mean utilisation. The summary
+gives the median and range over rounds, and ratios paired round by round. Everything lands
+in `--results` as summary.txt and results.json, rewritten after every cell (a run that is
+stopped keeps what it measured), and compare.png at the end.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import asyncio
 import dataclasses
 import datetime
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import click
-import orjson
+import gpu_usage
 import peers
 import servers
 import summary
@@ -36,9 +43,16 @@ from carpool import processes
 from carpool.comma_list import CommaList
 from carpool.engine.settings import BatchingSettings
 from carpool.loadgen import runner, workload
+from carpool_model_server.config import DTYPES
 
 DEFAULTS = BatchingSettings()
 LIMIT_SCRIPT = servers.BENCH_DIR / "limit.py"
+# --model: the handler each serves by default, and its name in URLs.
+MODELS = {
+    "minilm": ("text-embedding", "text-embedding"),
+    "bert-large": ("large_encoder:LargeEncoderHandler", "bert-large"),
+    "trivial": ("toy", "toy"),
+}
 
 
 class CpuRange(click.ParamType):
@@ -75,8 +89,11 @@ async def _measure(
     duration: float,
     warmup: float,
     progress: bool,
-) -> list[summary.Measurement]:
-    """Every concurrency against one running server, after a warm-up at the highest."""
+    gpu: gpu_usage.GpuSampler,
+    record: Callable[[summary.Measurement], None],
+) -> None:
+    """Every concurrency against one running server, after a warm-up at the highest; each
+    cell is recorded as soon as it is measured."""
     if warmup > 0:
         await runner.run(
             runner.RunSettings(
@@ -89,9 +106,9 @@ async def _measure(
             ),
             prepared,
         )
-    measurements = []
     for level in levels:
         before = server.cpu_seconds()
+        gpu.start()
         [cell] = await runner.run(
             runner.RunSettings(
                 url=server.url,
@@ -104,8 +121,9 @@ async def _measure(
             ),
             prepared,
         )
+        usage = gpu.stop()
         after = server.cpu_seconds()
-        measurements.append(
+        record(
             summary.Measurement(
                 variant=server.variant,
                 round=round_number,
@@ -113,9 +131,9 @@ async def _measure(
                 cell=cell,
                 front_cpu_seconds=after["front"] - before["front"],
                 model_cpu_seconds=after["model"] - before["model"],
+                gpu_utilisation_percent=None if usage is None else usage.mean_percent,
             )
         )
-    return measurements
 
 
 def _limit_sizes(levels: tuple[int, ...], max_batch_size: int) -> tuple[int, ...]:
@@ -136,7 +154,7 @@ def _limit(
     """The model alone, in process, at each of `sizes` (bench/limit.py), on the same text
     mix as the servers.
 
-    limit.py prints one row per batch size: size, ms per batch, items/s.
+    limit.py prints one row per batch size: size, ms per batch, items/s, forward items/s.
     """
     command = servers.limit_command(settings, text_length, sizes)
     log_path = results / "logs" / f"limit-{round_number}.log"
@@ -154,10 +172,10 @@ def _limit(
     for line in done.stdout.splitlines():
         fields = line.split()
         try:
-            size, _, items_per_second = int(fields[0]), float(fields[1]), float(fields[2])
+            size, _, items_per_second, forward = int(fields[0]), *map(float, fields[1:4])
         except (IndexError, ValueError):
             continue  # the header lines
-        limits.append(summary.Limit(round_number, size, items_per_second))
+        limits.append(summary.Limit(round_number, size, items_per_second, forward))
     if done.returncode != 0 or not limits:
         click.echo(f"limit: bench/limit.py failed ({done.returncode}); see {log_path}", err=True)
         return []
@@ -183,10 +201,12 @@ def _peer_variants(
 @click.command()
 @click.option(
     "--model",
-    type=click.Choice(["minilm", "trivial"]),
+    type=click.Choice(list(MODELS)),
     default="minilm",
     show_default=True,
-    help="minilm: all-MiniLM-L6-v2 (or --handler); trivial: the toy model, to cost the front.",
+    help="minilm: all-MiniLM-L6-v2 (or --handler); bert-large: a BERT-large-shaped encoder "
+    "built from a config with a fixed seed (bench/large_encoder.py, no download); trivial: "
+    "the toy model, to cost the front.",
 )
 @click.option(
     "--handler",
@@ -198,6 +218,13 @@ def _peer_variants(
     "--handler-options",
     default="",
     help="The handler's own key=value,... for every variant, e.g. preset=fast for stand-in.",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(DTYPES),
+    default="fp32",
+    show_default=True,
+    help="The model's dtype in every variant and the limit; fp16 needs CUDA.",
 )
 @click.option("--model-name", default=None, help="Name served in URLs [default: the handler].")
 @click.option(
@@ -250,6 +277,7 @@ def main(
     model: str,
     handler: str | None,
     handler_options: str,
+    dtype: str,
     model_name: str | None,
     concurrency: tuple[int, ...] | None,
     rounds: int,
@@ -274,16 +302,18 @@ def main(
     pinned_loadgen, pinned_servers = _cpus(loadgen_cpus), _cpus(server_cpus)
     if pinned_loadgen is not None:
         os.sched_setaffinity(0, pinned_loadgen)
-    handler = handler or ("toy" if trivial else "text-embedding")
+    default_handler, default_name = MODELS[model]
+    handler = handler or default_handler
     levels = concurrency or ((64,) if trivial else (1, 8, 32, 64))
     settings = servers.ModelSettings(
         handler=handler,
-        model_name=model_name or handler,
+        model_name=model_name or (default_name if handler == default_handler else handler),
         device=device,
         torch_threads=torch_threads,
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
         handler_options=handler_options,
+        dtype=dtype,
     )
     variants = [servers.unbatched(settings), servers.carpool(settings)]
     # The toy model and the stand-in take floats, which the peer apps are not written for.
@@ -322,41 +352,66 @@ def main(
         "loadgen_cpus": sorted(os.sched_getaffinity(0)),
         "server_cpus": sorted(pinned_servers) if pinned_servers else None,
     }
+    gpu = gpu_usage.GpuSampler.for_device(device)
+    run_settings["gpu_sampled"] = gpu.available
 
     measurements: list[summary.Measurement] = []
     limits: list[summary.Limit] = []
-    for round_number in range(1, rounds + 1):
-        for variant in variants:
-            click.echo(f"round {round_number}/{rounds}: {variant.name}", err=True)
-            log_path = results / "logs" / f"{variant.name}-{round_number}.log"
-            with servers.started(variant, log_path, ready_timeout, pinned_servers) as server:
-                measurements += asyncio.run(
-                    _measure(server, prepared, levels, round_number, duration, warmup, not quiet)
-                )
-        if measure_limit:
-            click.echo(f"round {round_number}/{rounds}: limit", err=True)
-            limits += _limit(
-                settings,
-                _limit_sizes(levels, max_batch_size),
-                round_number,
-                results,
-                pinned_servers,
-                text_length,
-            )
 
-    text = summary.render_text(measurements, limits, run_settings)
-    click.echo(text)
-    (results / "summary.txt").write_text(text + "\n")
-    document = summary.to_json(measurements, limits, run_settings)
-    (results / "results.json").write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    def record(measurement: summary.Measurement) -> None:
+        measurements.append(measurement)
+        summary.write(results, measurements, limits, run_settings)
+
+    # SIGTERM stops the run as Ctrl-C does: the server in its turn is stopped, and what was
+    # measured stays in `results`.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for round_number in range(1, rounds + 1):
+            for variant in variants:
+                click.echo(f"round {round_number}/{rounds}: {variant.name}", err=True)
+                log_path = results / "logs" / f"{variant.name}-{round_number}.log"
+                with servers.started(variant, log_path, ready_timeout, pinned_servers) as server:
+                    asyncio.run(
+                        _measure(
+                            server,
+                            prepared,
+                            levels,
+                            round_number,
+                            duration,
+                            warmup,
+                            not quiet,
+                            gpu,
+                            record,
+                        )
+                    )
+            if measure_limit:
+                click.echo(f"round {round_number}/{rounds}: limit", err=True)
+                limits += _limit(
+                    settings,
+                    _limit_sizes(levels, max_batch_size),
+                    round_number,
+                    results,
+                    pinned_servers,
+                    text_length,
+                )
+                summary.write(results, measurements, limits, run_settings)
+    except KeyboardInterrupt:
+        click.echo(f"stopped: what was measured is in {results}", err=True)
+        sys.exit(130)
+
+    click.echo(summary.write(results, measurements, limits, run_settings))
     summary.plot(
         measurements,
         limits,
         max_batch_size,
         results / "compare.png",
-        f"{handler} on {device}, torch threads {torch_threads}",
+        f"{handler} ({dtype}) on {device}, torch threads {torch_threads}",
     )
     click.echo(f"results in {results}", err=True)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -9,6 +9,13 @@ per item of this process (the client's side of the hop) and of the model server.
 off, and the unbatched server, each started for its turn in a round; the load generator's
 closed loop at each concurrency: items/s and p50.
 
+`model-cpu`: the model server's CPU per item outside the forward pass: the stand-in
+accelerator (whose forward pass sleeps with the GIL released, as a wait for GPU kernels
+does) served by this tree and by `--baseline` (an older checkout: its .venv, or this
+interpreter with its sources first on the path), loaded alike by framed batches, A B A B.
+
+    python bench/hop.py model-cpu --baseline /tmp/old-checkout --batch 32 --clients 2
+
 Both print one line per variant and level: the median over rounds, and every round.
 """
 
@@ -129,6 +136,95 @@ async def _until_ready(client: ModelClient, timeout_s: float = 120.0) -> None:
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return float(times.user + times.system)
+
+
+@main.command("model-cpu")
+@click.option("--rounds", type=int, default=5, show_default=True)
+@click.option("--seconds", type=float, default=3.0, show_default=True)
+@click.option("--clients", type=int, default=2, show_default=True, help="batches in flight")
+@click.option("--batch", type=int, default=32, show_default=True, help="items per batch")
+@click.option("--handler-options", default="preset=fast", show_default=True)
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="an older checkout, measured beside this tree",
+)
+def model_cpu(
+    rounds: int,
+    seconds: float,
+    clients: int,
+    batch: int,
+    handler_options: str,
+    baseline: Path | None,
+) -> None:
+    """The stand-in's model server: CPU microseconds per item, this tree and --baseline."""
+    trees = {"this": (processes.carpool_command(), {})}
+    if baseline is not None:
+        trees = {"baseline": _tree_command(baseline.resolve()), **trees}
+    with (
+        tempfile.TemporaryDirectory(prefix="carpool-model-cpu-") as folder,
+        contextlib.ExitStack() as stack,
+    ):
+        servers_by_name = {}
+        for name, (command, env) in trees.items():
+            socket = Path(folder) / f"{name}.sock"
+            args = [*command, "model-server", "--handler", "stand-in", "--socket", str(socket)]
+            args += ["--handler-options", handler_options, "--torch-threads", "1"]
+            args += ["--max-batch-size", str(batch)]
+            server = processes.spawn(args, Path(folder) / f"{name}.log", env)
+            stack.callback(processes.stop, server, 10.0)
+            servers_by_name[name] = (socket, server.pid)
+        figures = asyncio.run(_model_cpu_rounds(servers_by_name, rounds, seconds, clients, batch))
+    for name, runs in figures.items():
+        click.echo(
+            f"{name:>8}: items/s {_median(runs, 0):>8.0f}  model server us/item "
+            f"{_median(runs, 2):>6.1f}  rounds {[round(run[2], 1) for run in runs]}"
+        )
+    if "baseline" in figures:
+        ratio = statistics.median(
+            this[2] / base[2]
+            for this, base in zip(figures["this"], figures["baseline"], strict=True)
+        )
+        click.echo(f"this/baseline: model server CPU per item {ratio:.2f}x (paired by round)")
+
+
+def _tree_command(tree: Path) -> tuple[list[str], dict[str, str]]:
+    """How to run another checkout's carpool: its own .venv, else this interpreter with its
+    sources ahead of this tree's on the import path."""
+    python = tree / ".venv" / "bin" / "python"
+    if python.exists():
+        return [str(python), "-m", "carpool"], {}
+    sources = [str(tree / part / "src") for part in ("carpool", "model_server", "sidecar")]
+    return processes.carpool_command(), {"PYTHONPATH": os.pathsep.join(sources)}
+
+
+async def _model_cpu_rounds(
+    servers_by_name: dict[str, tuple[Path, int]],
+    rounds: int,
+    seconds: float,
+    clients: int,
+    batch: int,
+) -> dict[str, list[tuple[float, float, float]]]:
+    items = [
+        {"input": Tensor.from_numpy(np.arange(4, dtype=np.float32) + index)}
+        for index in range(batch)
+    ]
+    for socket, _ in servers_by_name.values():
+        await _until_ready(ModelClient(f"unix://{socket}"))
+    figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in servers_by_name}
+    for _ in range(rounds):
+        for name, (socket, pid) in servers_by_name.items():
+            client = ModelClient(f"unix://{socket}")
+            try:
+                await client.infer(items, 10.0)  # connects
+                round_figures = await _hop_round(
+                    client, psutil.Process(pid), items, clients, seconds
+                )
+                figures[name].append(round_figures)
+            finally:
+                await client.close()
+    return figures
 
 
 @main.command()

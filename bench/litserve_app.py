@@ -25,17 +25,28 @@ class CarpoolModel(litserve.LitAPI):  # type: ignore[misc]
     """One request of one item at a time in, one batch of items through the model."""
 
     def __init__(
-        self, handler: str, model_name: str, device: str, torch_threads: int, **batching: Any
+        self,
+        handler: str,
+        model_name: str,
+        device: str,
+        torch_threads: int,
+        dtype: str,
+        **batching: Any,
     ) -> None:
         super().__init__(api_path=f"/v2/models/{model_name}/infer", **batching)
         self.handler_name = handler
         self.model_name = model_name
         self.device_name = device
         self.torch_threads = torch_threads
+        self.dtype = dtype
 
     def setup(self, device: str) -> None:
         self.handler = peer_model.load(
-            self.handler_name, self.device_name, self.torch_threads, self.max_batch_size
+            self.handler_name,
+            self.device_name,
+            self.torch_threads,
+            self.max_batch_size,
+            self.dtype,
         )
 
     # LitServe reads the annotations of `request` and of encode_response's return to build
@@ -71,6 +82,7 @@ def main(served: peer_model.Served) -> None:
         served.model_name,
         device,
         served.torch_threads,
+        served.dtype,
         max_batch_size=served.max_batch_size,
         batch_timeout=served.max_wait_ms / 1000,
     )

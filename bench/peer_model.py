@@ -15,10 +15,12 @@ from typing import Any
 
 import click
 import torch
+from model_setup import build_handler
 
 from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.errors import BadRequest
-from carpool_model_server.handler import AnyHandler, HandlerSettings, load_handler_class
+from carpool_model_server.config import DTYPES
+from carpool_model_server.handler import AnyHandler
 from carpool_sidecar import tensors
 
 JsonTensor = Mapping[str, Any]
@@ -35,6 +37,7 @@ class Served:
     torch_threads: int
     max_batch_size: int
     max_wait_ms: float
+    dtype: str  # fp32 | fp16 | bf16, as the model server's --dtype
 
 
 def serve_options(main: Callable[[Served], None]) -> click.Command:
@@ -52,20 +55,22 @@ def serve_options(main: Callable[[Served], None]) -> click.Command:
             click.option("--torch-threads", type=int, default=1, show_default=True),
             click.option("--max-batch-size", type=int, default=32, show_default=True),
             click.option("--max-wait-ms", type=float, default=5.0, show_default=True),
+            click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True),
         )
     ):
         command = option(command)
     return click.command(help=main.__doc__)(command)
 
 
-def load(handler_name: str, device: str, torch_threads: int, max_batch_size: int) -> AnyHandler:
-    """The handler, loaded on `device` (auto: the first GPU if any) with `torch_threads`."""
+def load(
+    handler_name: str, device: str, torch_threads: int, max_batch_size: int, dtype: str
+) -> AnyHandler:
+    """The handler, loaded on `device` (auto: the first GPU if any) in `dtype`, with
+    `torch_threads`."""
     torch.set_num_threads(torch_threads)
-    if device == "auto":
-        device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    handler = load_handler_class(handler_name)(HandlerSettings(None, torch.float32, max_batch_size))
+    handler, resolved = build_handler(handler_name, device, dtype, max_batch_size)
     with torch.inference_mode():
-        handler.load(torch.device(device))
+        handler.load(resolved)
     return handler
 
 

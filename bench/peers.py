@@ -33,6 +33,11 @@ CARPOOL_RUNTIME = (
 )
 # The workspace's parts the peer apps import (bench/peer_model.py and the apps).
 PEER_PARTS = ("carpool", "model_server", "sidecar")
+# The parts' build backend (their pyproject's build-system), installed in the venv once:
+# carpool is reinstalled on every run without build isolation, so that a host with no index
+# reachable (an offline GPU machine) rebuilds it from what the venv holds. (The environment
+# variable PIP_NO_BUILD_ISOLATION would not do: pip reads it the other way round.)
+BUILD_BACKEND = ("setuptools==84.2.1",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,7 @@ class Peer:
                 *servers.model_arguments(settings, batched=True),
             ),
             self.ready_path,
-            {"PYTHONPATH": str(BENCH_DIR)},
+            servers.BENCH_PATH,
         )
 
 
@@ -94,17 +99,17 @@ def python_for(peer: Peer, install: bool) -> Path | None:
     pip = [str(peer.python), "-m", "pip", "install", "-q"]
     # Written last: a build that stopped halfway is not taken for a finished one.
     stamp = peer.venv / "carpool-peer.txt"
-    wanted = "\n".join((TORCH_SPEC, *peer.requirements, *CARPOOL_RUNTIME))
+    wanted = "\n".join((TORCH_SPEC, *peer.requirements, *CARPOOL_RUNTIME, *BUILD_BACKEND))
     if not stamp.exists() or stamp.read_text() != wanted:
         if not install:
             return None
         subprocess.run([sys.executable, "-m", "venv", str(peer.venv)], check=True)
         subprocess.run([*pip, TORCH_SPEC], check=True)
-        subprocess.run([*pip, *peer.requirements, *CARPOOL_RUNTIME], check=True)
+        subprocess.run([*pip, *peer.requirements, *CARPOOL_RUNTIME, *BUILD_BACKEND], check=True)
         stamp.write_text(wanted)
     # Every run: the peer must run the same carpool code as the other variants, not a stale
     # copy.
-    _install_carpool([*pip, "--no-deps", "--force-reinstall"])
+    _install_carpool([*pip, "--no-deps", "--force-reinstall", "--no-build-isolation"])
     return peer.python
 
 

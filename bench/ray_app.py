@@ -49,8 +49,9 @@ class BatchedModel:
         torch_threads: int,
         max_batch_size: int,
         max_wait_ms: float,
+        dtype: str,
     ) -> None:
-        self.handler = peer_model.load(handler, device, torch_threads, max_batch_size)
+        self.handler = peer_model.load(handler, device, torch_threads, max_batch_size, dtype)
         self.model_name = model_name
         self.infer_batch.set_max_batch_size(max_batch_size)
         self.infer_batch.set_batch_wait_timeout_s(max_wait_ms / 1000)
@@ -116,6 +117,7 @@ def _serve(served: peer_model.Served, gpus: int) -> None:
         served.torch_threads,
         served.max_batch_size,
         served.max_wait_ms,
+        served.dtype,
     )
     serve.run(app, route_prefix="/")
     # Blocked only now, so that Ray's processes, all started by here, keep the default.

@@ -8,8 +8,10 @@ a time. The peers (bench/peers.py) are started the same way from their own venvs
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ class ModelSettings:
     max_wait_ms: float
     # The handler's own `--handler-options` (the stand-in's timing), for every variant alike.
     handler_options: str = ""
+    dtype: str = "fp32"
 
 
 # Handlers sent four floats (`--payload toy`); every other one is sent text, as MiniLM takes.
@@ -56,6 +59,10 @@ class Variant:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+# bench/ on every variant's import path: a handler may live there (large_encoder).
+BENCH_PATH = {"PYTHONPATH": str(BENCH_DIR)}
+
+
 def unbatched(settings: ModelSettings) -> Variant:
     return Variant(
         "unbatched",
@@ -64,13 +71,14 @@ def unbatched(settings: ModelSettings) -> Variant:
             str(BENCH_DIR / "unbatched_server.py"),
             *model_arguments(settings, batched=False),
         ),
+        env=BENCH_PATH,
     )
 
 
 def carpool(settings: ModelSettings) -> Variant:
     # No gRPC port: the comparison is over HTTP, and a fixed port may be taken by another run.
     command = (*processes.carpool_command("serve"), "--grpc-port", "0")
-    return Variant("carpool", (*command, *model_arguments(settings, batched=True)))
+    return Variant("carpool", (*command, *model_arguments(settings, batched=True)), env=BENCH_PATH)
 
 
 def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
@@ -88,6 +96,8 @@ def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
         settings.device,
         "--torch-threads",
         str(settings.torch_threads),
+        "--dtype",
+        settings.dtype,
     )
     if settings.handler_options:
         common += ("--handler-options", settings.handler_options)
@@ -116,6 +126,8 @@ def limit_command(
         settings.device,
         "--torch-threads",
         str(settings.torch_threads),
+        "--dtype",
+        settings.dtype,
         "--max-batch-size",
         str(settings.max_batch_size),
         "--text-length",
@@ -206,7 +218,31 @@ def started(
             raise RuntimeError(f"{error}; log {log_path}:\n{log}") from None
         yield running
     finally:
-        _stop(process)
+        with _signals_deferred():
+            _stop(process)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """A Ctrl-C or SIGTERM during the block takes effect after it: raised in the middle of a
+    server's stop, it would leave the server running. (Blocking the signals would not do:
+    the kernel hands them to another thread, and Python raises them in the main one anyway.)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread takes signals, and only it may set their handlers
+        return
+    received: list[int] = []
+    stopping = (signal.SIGINT, signal.SIGTERM)
+    previous = {
+        signum: signal.signal(signum, lambda got, _: received.append(got)) for signum in stopping
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if received:
+            signal.raise_signal(received[0])
 
 
 def _stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:

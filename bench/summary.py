@@ -5,18 +5,22 @@ the same round r, and the median of those per-round ratios is reported with thei
 Pairing cancels most of the drift a shared machine has between rounds. Every variant is
 also set against the model's in-process limit of the same round, twice: at the batch size
 its load can form, min(clients, max batch size), a fair ceiling at every concurrency, and
-at the model's best batch size.
+at the model's best batch size, and against the accelerator's own ceiling (the forward pass
+alone on batches prepared in advance) at the batch its load can form.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from carpool.loadgen.report import CellResult
 
@@ -33,6 +37,8 @@ class Measurement:
     # and the model server process, when it is a separate one.
     front_cpu_seconds: float
     model_cpu_seconds: float
+    # The GPU's mean utilisation during the cell (NVML); None where it was not measured.
+    gpu_utilisation_percent: float | None = None
 
     @property
     def requests_per_front_core(self) -> float:
@@ -48,6 +54,8 @@ class Limit:
     round: int
     batch_size: int
     items_per_second: float
+    # The forward pass alone, on batches preprocessed (onto the device) in advance.
+    forward_items_per_second: float = math.nan
 
 
 def formable(concurrency: int, max_batch_size: int) -> int:
@@ -55,20 +63,39 @@ def formable(concurrency: int, max_batch_size: int) -> int:
     return min(concurrency, max_batch_size)
 
 
-def _curves(limits: Iterable[Limit]) -> dict[int, dict[int, float]]:
-    """round -> batch size -> items/s."""
+def _whole(limit: Limit) -> float:
+    return limit.items_per_second
+
+
+def _forward(limit: Limit) -> float:
+    return limit.forward_items_per_second
+
+
+def _curves(
+    limits: Iterable[Limit], figure: Callable[[Limit], float] = _whole
+) -> dict[int, dict[int, float]]:
+    """round -> batch size -> items/s (of `figure`: the whole step, or the forward pass)."""
     curves: dict[int, dict[int, float]] = {}
     for limit in limits:
-        curves.setdefault(limit.round, {})[limit.batch_size] = limit.items_per_second
+        if math.isfinite(figure(limit)):
+            curves.setdefault(limit.round, {})[limit.batch_size] = figure(limit)
     return curves
 
 
-def limit_curve(limits: Sequence[Limit]) -> dict[int, Spread]:
-    """Batch size -> the limit's spread over rounds."""
+def limit_curve(
+    limits: Sequence[Limit], figure: Callable[[Limit], float] = _whole
+) -> dict[int, Spread]:
+    """Batch size -> the spread of `figure` over rounds."""
     by_size: dict[int, list[float]] = {}
     for limit in limits:
-        by_size.setdefault(limit.batch_size, []).append(limit.items_per_second)
+        by_size.setdefault(limit.batch_size, []).append(figure(limit))
     return {size: Spread.of(values) for size, values in sorted(by_size.items())}
+
+
+def forward_curve(limits: Sequence[Limit]) -> dict[int, Spread]:
+    """Batch size -> the forward-only ceiling's spread over rounds; sizes without one left out."""
+    curve = limit_curve(limits, _forward)
+    return {size: spread for size, spread in curve.items() if math.isfinite(spread.median)}
 
 
 def best_size(limits: Sequence[Limit]) -> int | None:
@@ -106,6 +133,9 @@ FIGURES: dict[str, Callable[[Measurement], float]] = {
     "errors": lambda m: float(sum(m.cell.errors.values())),
     "loadgen_cpu_percent": lambda m: m.cell.loadgen_cpu_percent,
     "requests_per_front_core": lambda m: m.requests_per_front_core,
+    "gpu_utilisation_percent": lambda m: (
+        math.nan if m.gpu_utilisation_percent is None else m.gpu_utilisation_percent
+    ),
 }
 
 
@@ -141,7 +171,7 @@ def paired_ratios(
     load can form and over the best limit of the round.
     """
     index = _index(measurements)
-    curves = _curves(limits)
+    curves, forward = _curves(limits), _curves(limits, _forward)
     ratios: dict[str, dict[int, list[float]]] = {}
 
     def add(name: str, level: int, value: float) -> None:
@@ -175,6 +205,13 @@ def paired_ratios(
             if curve:
                 best = max(curve.values())
                 add(f"items/s {name}/best limit", m.concurrency, m.cell.items_per_second / best)
+            ceiling = forward.get(m.round, {}).get(formable(m.concurrency, max_batch_size))
+            if ceiling:
+                add(
+                    f"items/s {name}/forward at batch",
+                    m.concurrency,
+                    m.cell.items_per_second / ceiling,
+                )
     return {
         name: {level: Spread.of(values) for level, values in sorted(levels.items())}
         for name, levels in ratios.items()
@@ -186,13 +223,14 @@ def render_text(
 ) -> str:
     table = medians(measurements)
     lines = [
-        f"model {settings['handler']} on {settings['device']}, torch threads "
+        f"model {settings['handler']} ({settings.get('dtype', 'fp32')}) on "
+        f"{settings['device']}, torch threads "
         f"{settings['torch_threads']}, max batch {settings['max_batch_size']}, "
         f"max wait {settings['max_wait_ms']:g} ms; {settings['rounds']} rounds of "
         f"{settings['duration_seconds']:g} s per cell; median (min-max) over rounds",
         "",
         f"{'variant':>10} {'clients':>7} {'req/s':>22} {'p50 ms':>20} {'p99 ms':>20} "
-        f"{'errors':>7} {'gen cpu%':>9} {'req/s per front core':>22}",
+        f"{'errors':>7} {'gen cpu%':>9} {'req/s per front core':>22} {'gpu %':>16}",
     ]
     for variant, levels in table.items():
         for level, figures in levels.items():
@@ -201,12 +239,20 @@ def render_text(
                 f"{figures['p50_seconds'].text(2, 1000):>20} "
                 f"{figures['p99_seconds'].text(2, 1000):>20} "
                 f"{figures['errors'].high:>7.0f} {figures['loadgen_cpu_percent'].median:>9.0f} "
-                f"{figures['requests_per_front_core'].text(0):>22}"
+                f"{figures['requests_per_front_core'].text(0):>22} "
+                f"{figures['gpu_utilisation_percent'].text(0):>16}"
             )
     if limits:
-        lines += ["", f"model limit (in process), items/s by batch size; best {best_size(limits)}:"]
+        forward = forward_curve(limits)
         lines += [
-            f"  batch {size:>3}: {spread.text()}" for size, spread in limit_curve(limits).items()
+            "",
+            f"model limit (in process), items/s by batch size; best {best_size(limits)}; "
+            "forward: the forward pass alone, batches prepared in advance:",
+        ]
+        lines += [
+            f"  batch {size:>3}: {spread.text()}"
+            + (f"  forward {forward[size].text()}" if size in forward else "")
+            for size, spread in limit_curve(limits).items()
         ]
     ratios = paired_ratios(measurements, limits, settings["max_batch_size"])
     if ratios:
@@ -246,6 +292,7 @@ def to_json(
         "ratios": spreads(paired_ratios(measurements, limits, settings["max_batch_size"])),
         "limits": [dataclasses.asdict(limit) for limit in limits],
         "limit_curve": spreads(limit_curve(limits)),
+        "forward_curve": spreads(forward_curve(limits)),
         "best_batch_size": best_size(limits),
         "measurements": [
             {**dataclasses.asdict(m), "requests_per_front_core": m.requests_per_front_core}
@@ -254,6 +301,29 @@ def to_json(
     }
     cleaned: dict[str, Any] = _clean(document)
     return cleaned
+
+
+def write(
+    folder: Path,
+    measurements: Sequence[Measurement],
+    limits: Sequence[Limit],
+    settings: dict[str, Any],
+) -> str:
+    """results.json and summary.txt for what has been measured so far; returns the text.
+
+    Called after every cell, so a run that is stopped keeps what it measured. Each file is
+    replaced whole (written beside, then renamed): a stop mid-write leaves the previous one.
+    """
+    text = render_text(measurements, limits, settings)
+    document = to_json(measurements, limits, settings)
+    for name, data in (
+        ("summary.txt", (text + "\n").encode()),
+        ("results.json", orjson.dumps(document, option=orjson.OPT_INDENT_2)),
+    ):
+        partial = folder / f".{name}.partial"
+        partial.write_bytes(data)
+        os.replace(partial, folder / name)
+    return text
 
 
 def plot(

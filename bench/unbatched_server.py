@@ -16,13 +16,14 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import click
-import torch
 from aiohttp import web
+from model_setup import build_handler
 
 from carpool.comma_list import CommaList, KeyValue
 from carpool.contract.wire import Item, Tensor
 from carpool.engine.errors import BadRequest, ModelError, SidecarError
-from carpool_model_server.handler import HandlerSettings, load_handler_class
+from carpool_model_server.config import DTYPES
+from carpool_model_server.errors import ConfigError
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner
 from carpool_sidecar import oip, tensors
@@ -32,12 +33,6 @@ RUNNER = web.AppKey("runner", Runner)
 MODEL_NAME = web.AppKey("model_name", str)
 READY = web.AppKey("ready", asyncio.Event)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 @web.middleware
@@ -115,6 +110,7 @@ def build_app(runner: Runner, model_name: str, torch_threads: int | None) -> web
 @click.option("--port", type=int, required=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--torch-threads", type=int, default=None, help="torch intra-op threads.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True)
 def main(
     handler: str,
     handler_options: tuple[tuple[str, str], ...],
@@ -122,14 +118,17 @@ def main(
     port: int,
     device: str,
     torch_threads: int | None,
+    dtype: str,
 ) -> None:
     """Serve one model without batching, on 127.0.0.1."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    handler_class = load_handler_class(handler)
     name = model_name or handler
-    # One item at a time: the handler never sees a batch larger than one request.
-    settings = HandlerSettings(None, torch.float32, 64, dict(handler_options))
-    runner = Runner(handler_class(settings), _device(device), ModelMetrics.create(name), 64)
+    try:
+        # One item at a time: the handler never sees a batch larger than one request.
+        model, resolved = build_handler(handler, device, dtype, 64, handler_options)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    runner = Runner(model, resolved, ModelMetrics.create(name), 64)
     app = build_app(runner, name, torch_threads)
     # run_app turns SIGINT/SIGTERM into a clean exit that runs cleanup_ctx.
     web.run_app(

@@ -49,6 +49,7 @@ def main(served: peer_model.Served) -> None:
                 "handler": served.handler,
                 "device": served.device,
                 "torch_threads": served.torch_threads,
+                "dtype": served.dtype,
             }
         ),
     )

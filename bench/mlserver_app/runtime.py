@@ -19,7 +19,11 @@ class CarpoolModel(MLModel):  # type: ignore[misc]
     async def load(self) -> bool:
         extra: dict[str, Any] = self.settings.parameters.extra
         self.handler = peer_model.load(
-            extra["handler"], extra["device"], extra["torch_threads"], self.settings.max_batch_size
+            extra["handler"],
+            extra["device"],
+            extra["torch_threads"],
+            self.settings.max_batch_size,
+            extra["dtype"],
         )
         return True
 

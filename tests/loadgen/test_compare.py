@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
 import orjson
+import psutil
 import pytest
 
 from carpool.loadgen.report import CellResult
@@ -105,6 +108,33 @@ def test_every_variant_meets_the_limit_at_the_batch_its_clients_can_form() -> No
     assert summary.best_size(limits) == 32
 
 
+def test_every_variant_is_set_against_the_forward_only_ceiling() -> None:
+    # The forward pass alone does 1,000 items/s at batch 8: carpool's 300 use 0.3 of the device.
+    limits = [summary.Limit(1, 8, 400.0, 1000.0), summary.Limit(1, 32, 800.0)]
+    measurements = [_measurement("carpool", 1, 300, 0.02, level=8)]
+    ratios = summary.paired_ratios(measurements, limits, 32)
+    assert ratios["items/s carpool/forward at batch"][8].median == pytest.approx(0.3)
+    # Where limit.py gave no forward figure (32 here), there is no forward curve entry.
+    assert summary.forward_curve(limits) == {8: summary.Spread(1000.0, 1000.0, 1000.0)}
+    text = summary.render_text(measurements, limits, _SETTINGS)
+    assert "batch   8: 400.0 (400.0-400.0)  forward 1000.0" in text
+
+
+def test_the_results_on_disk_follow_every_measurement(tmp_path: Path) -> None:
+    measurements = [_measurement("unbatched", 1, 100, 0.010)]
+    summary.write(tmp_path, measurements, [], _SETTINGS)
+    first = orjson.loads((tmp_path / "results.json").read_bytes())
+    assert [m["variant"] for m in first["measurements"]] == ["unbatched"]
+    measurements.append(_measurement("carpool", 1, 300, 0.012))
+    text = summary.write(tmp_path, measurements, [], _SETTINGS)
+    second = orjson.loads((tmp_path / "results.json").read_bytes())
+    assert [m["variant"] for m in second["measurements"]] == ["unbatched", "carpool"]
+    assert (tmp_path / "summary.txt").read_text() == text + "\n"
+    assert "throughput carpool/unbatched" in text
+    # Replaced whole, nothing left beside.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["results.json", "summary.txt"]
+
+
 def test_a_limit_missing_at_a_batch_size_leaves_that_ratio_out() -> None:
     limits = [summary.Limit(1, 32, 800.0)]
     measurements = [_measurement("carpool", 1, 300, 0.02, level=8)]
@@ -117,6 +147,12 @@ def test_the_limit_curve_takes_medians_over_rounds() -> None:
     limits = [summary.Limit(1, 8, 400.0), summary.Limit(2, 8, 500.0), summary.Limit(3, 8, 900.0)]
     assert summary.limit_curve(limits) == {8: summary.Spread(500.0, 400.0, 900.0)}
     assert summary.best_size([]) is None
+
+
+_SETTINGS = {
+    "handler": "toy", "device": "cpu", "torch_threads": 1, "max_batch_size": 32,
+    "max_wait_ms": 5.0, "rounds": 1, "duration_seconds": 10.0,
+}  # fmt: skip
 
 
 def test_summary_outputs(tmp_path: Path) -> None:
@@ -166,3 +202,47 @@ def test_trivial_comparison_runs_both_servers_and_meters_the_front(tmp_path: Pat
     assert by_variant["unbatched"]["cell"]["batching"] is None
     assert "throughput carpool/unbatched" in (tmp_path / "summary.txt").read_text()
     assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_a_stopped_comparison_keeps_what_it_measured(tmp_path: Path) -> None:
+    # Stopped during the carpool variant's turn, after the unbatched server's two cells.
+    command = [sys.executable, str(BENCH_DIR / "compare.py"), "--model", "trivial"]
+    command += ["--rounds", "1", "--duration", "1", "--warmup", "0", "--concurrency", "2,4"]
+    command += ["--results", str(tmp_path), "--quiet"]
+    results = tmp_path / "results.json"
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        measured: list[dict[str, object]] = []
+        deadline = time.monotonic() + 90
+        while len(measured) < 2 and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+            if results.exists():
+                measured = orjson.loads(results.read_bytes())["measurements"]
+        servers = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=90)
+    assert process.returncode == 130, err.decode()
+    assert b"stopped: what was measured is in" in err
+    kept = orjson.loads(results.read_bytes())["measurements"]
+    assert [(m["variant"], m["concurrency"]) for m in kept[:2]] == [
+        ("unbatched", 2),
+        ("unbatched", 4),
+    ]
+    assert all(m["cell"]["ok"] > 0 for m in kept)
+    # The server in its turn was stopped with the run, none of its processes left behind.
+    assert not [(server.pid, _state(server)) for server in servers if _alive(server)]
+
+
+def _state(process: psutil.Process) -> str:
+    try:
+        return f"{process.status()} {process.cmdline()}"
+    except psutil.NoSuchProcess:
+        return "gone"
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (one whose parent is gone may wait for a reaper a while)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -14,8 +14,10 @@ from typing import Any
 
 import orjson
 import pytest
+import torch
 
 from carpool import processes
+from carpool_model_server.errors import ConfigError
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
@@ -74,7 +76,8 @@ def test_limit_prints_a_row_per_size_asked_for() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.split()[0].isdigit()]
     assert [int(row[0]) for row in rows] == [1, 3]
-    assert all(float(row[2]) > 0 for row in rows)
+    # items/s of the whole step, and of the forward pass alone: never slower than the whole.
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows)
     too_big = subprocess.run(
         [*command[:4], "--sizes", "8", "--max-batch-size", "4"],
         capture_output=True,
@@ -83,6 +86,81 @@ def test_limit_prints_a_row_per_size_asked_for() -> None:
         env=processes.environment(),
     )
     assert too_big.returncode != 0 and "above --max-batch-size" in too_big.stderr
+
+
+def test_limit_runs_every_text_handler_on_the_loads_texts(bench: dict[str, ModuleType]) -> None:
+    # The BERT-large-shaped encoder, shrunk: a text handler that is not text-embedding.
+    limit = importlib.import_module("limit")
+    model_setup = importlib.import_module("model_setup")
+    handler, device = model_setup.build_handler(
+        "large_encoder:LargeEncoderHandler", "cpu", "fp32", 8, [("layers", "1"), ("hidden", "64")]
+    )
+    handler.load(device)
+    items = limit.sample_items(handler, 16, "mixed")
+    texts = {item["text"].data[0] for item in items}
+    assert len(texts) > 8  # the load's mix, not one warm-up text repeated
+    # The encoder answers one embedding of its own width per text, the same on every build.
+    again, _ = model_setup.build_handler(
+        "large_encoder:LargeEncoderHandler", "cpu", "fp32", 8, [("layers", "1"), ("hidden", "64")]
+    )
+    again.load(device)
+    with torch.inference_mode():
+        [first, _], [same, _] = (
+            encoder.postprocess(encoder.infer(encoder.preprocess(items[:2]).batch))
+            for encoder in (handler, again)
+        )
+    assert first["embedding"].shape == (64,)
+    assert same["embedding"].to_numpy().tolist() == first["embedding"].to_numpy().tolist()
+    # A handler of floats is given its example item.
+    toy, _ = model_setup.build_handler("toy", "cpu", "fp32", 8)
+    assert limit.sample_items(toy, 3, "mixed") == [toy.example_item()] * 3
+
+
+def test_every_variant_takes_the_dtype_and_refuses_what_the_model_server_refuses(
+    bench: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    servers = bench["servers"]
+    settings = servers.ModelSettings("toy", "toy", "cpu", 1, 32, 5.0, dtype="fp16")
+    variants = [servers.unbatched(settings), servers.carpool(settings)]
+    variants += [peer.variant(settings) for peer in bench["peers"].PEERS.values()]
+    for variant in variants:
+        assert variant.command[variant.command.index("--dtype") + 1] == "fp16", variant.name
+    assert "--dtype" in servers.limit_command(settings, "mixed")
+    # fp16 on a CPU: the unbatched server and `carpool serve` refuse it as the model server
+    # does, rather than serve fp32 beside an fp16 carpool.
+    for variant in variants[:2]:
+        log = tmp_path / f"{variant.name}.log"
+        with (
+            pytest.raises(RuntimeError, match="fp16 needs a CUDA device"),
+            servers.started(variant, log, 60),
+        ):
+            pass
+    peer_model = importlib.import_module("peer_model")
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+        peer_model.load("toy", "cpu", 1, 32, "fp16")
+
+
+def test_the_peers_rebuild_carpool_without_reaching_an_index(
+    bench: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    peers = bench["peers"]
+    peer = peers.Peer("offline", ("nothing==0",), "offline_app.py", "/health")
+    commands: list[list[str]] = []
+
+    def run(command: list[str], check: bool) -> None:
+        commands.append(command)
+        if command[1:3] == ["-m", "venv"]:
+            (Path(command[3]) / "bin").mkdir(parents=True)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(peers, "REPO_DIR", tmp_path)
+        patch.setattr(peers.subprocess, "run", run)
+        assert peers.python_for(peer, install=True) == peer.python
+    installs = [command for command in commands if "install" in command]
+    # The build backend goes in with the venv; the rebuild of carpool on every run uses it
+    # instead of fetching one into an isolated build environment.
+    assert any(spec in installs[1] for spec in peers.BUILD_BACKEND)
+    assert "--no-build-isolation" in installs[-1] and "--no-deps" in installs[-1]
 
 
 @pytest.mark.slow

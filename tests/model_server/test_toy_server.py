@@ -43,8 +43,9 @@ def output_of(result: ItemResult) -> list[float]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
-    # The max batch size comes from the environment, as in a pod spec.
-    env = {"CARPOOL_MODEL_MAX_BATCH_SIZE": "8"}
+    # The max batch size comes from the environment, as in a pod spec. The device is pinned:
+    # `auto` would pick a GPU where there is one, and the GPU gauges would appear.
+    env = {"CARPOOL_MODEL_MAX_BATCH_SIZE": "8", "CARPOOL_MODEL_DEVICE": "cpu"}
     with run_model_server(
         tmp_path_factory.mktemp("toy"), "toy", env=env, metrics_port=True
     ) as running:
@@ -184,7 +185,7 @@ async def test_metrics_count_batches_items_and_errors(server: ModelServer) -> No
     assert grew("carpool_model_items_total") == 3
     assert grew("carpool_model_errors_total", (("kind", "invalid_item"), *model)) == 1
     assert grew("carpool_model_errors_total", (("kind", "infer"), *model)) == 1
-    # No GPU here, so no GPU samples; the same metrics are on the probe port.
+    # On the CPU, no GPU samples (tests/model_server/test_gpu_gauges.py has the CUDA side).
     assert not any(name.startswith("carpool_model_gpu") for name, _ in after)
 
 

@@ -39,7 +39,9 @@ STOP_TIMEOUT_S = 40.0
 # How often a running pair is checked for a child that exited on its own.
 WATCH_S = 0.2
 # Model server flags handed on as given; --max-batch-size goes to both processes.
-MODEL_FLAGS = ["handler-options", "model-path", "device", "torch-threads", "max-batch-size"]
+MODEL_FLAGS = [
+    "handler-options", "model-path", "device", "dtype", "torch-threads", "max-batch-size",
+]  # fmt: skip
 # No load balancer to wait for locally, but a request already sent when the signal comes
 # (in the listen backlog, or on a kept-alive connection) is read only on a later turn of
 # the sidecar's loop: with no delay at all, closing the port reset it or answered 503.
@@ -52,6 +54,7 @@ DRAIN_DELAY_S = 0.5
 @click.option("--model-name", help="name in URLs (default: the handler name)")
 @click.option("--model-path", help="model file, for the torchscript handler")
 @click.option("--device", help="auto | cpu | cuda:N (model server default: auto)")
+@click.option("--dtype", help="fp32 | fp16 | bf16 (model server default: fp32; fp16 needs CUDA)")
 @click.option("--torch-threads", type=int, help="torch intra-op threads (default: torch's)")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)

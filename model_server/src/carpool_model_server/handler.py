@@ -4,7 +4,9 @@ A handler is a class referenced by a built-in short name or as `module:Class`. T
 builds it with the settings it needs, calls `load` once on the worker thread, then for every
 batch `preprocess` -> `infer` -> `postprocess`, all under `torch.inference_mode`. A handler
 that sets `preprocess_overlaps_infer` has `preprocess` run on a thread of its own, for the
-next batch while the worker runs this one; two `preprocess` calls never run at once.
+next batch while the worker runs this one; two `preprocess` calls never run at once unless
+it also sets `preprocess_concurrently`: then batches are preprocessed on a pool of threads
+sized to the pod's CPUs, several at once.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
     # True when `preprocess` shares no mutable state with `infer` and `postprocess` (a
     # tokenizer that only preprocess calls is fine): the server then pipelines batches.
     preprocess_overlaps_infer: ClassVar[bool] = False
+    # True when, on top of that, `preprocess` may run for several batches at once, on several
+    # threads: it is thread-safe and spends its time where the GIL is released (a Hugging
+    # Face fast tokenizer). Batches are then prepared on as many cores as the pod has.
+    preprocess_concurrently: ClassVar[bool] = False
     # The keys of `settings.options` the handler takes; others are refused.
     options: ClassVar[frozenset[str]] = frozenset()
 
@@ -142,8 +148,9 @@ def require_input(item: Item, spec: TensorSpec) -> Tensor:
         raise InvalidItem(f"missing input {spec.name!r}; item has {sorted(item) or 'none'}")
     if tensor.datatype != spec.datatype:
         raise InvalidItem(f"input {spec.name!r} must be {spec.datatype}, got {tensor.datatype}")
-    fits = len(tensor.shape) == len(spec.shape) and all(
-        want in (-1, have) for want, have in zip(spec.shape, tensor.shape, strict=True)
+    fits = tensor.shape == spec.shape or (
+        len(tensor.shape) == len(spec.shape)
+        and all(want in (-1, have) for want, have in zip(spec.shape, tensor.shape, strict=True))
     )
     if not fits:
         raise InvalidItem(
@@ -160,7 +167,9 @@ def check_limits(tensor: Tensor, spec: TensorSpec) -> None:
     The sidecar refuses such requests before it queues them; this guards a model server
     called directly, and `carpool infer`.
     """
-    elements = tensor.data if isinstance(tensor.data, list) else tensor.to_numpy()
+    elements: object = tensor.data
+    if not isinstance(elements, list) and (spec.minimum, spec.maximum) != (None, None):
+        elements = tensor.to_numpy()  # numbers are read only where a range bounds them
     if (error := spec.limit_error(tensor.shape, elements)) is not None:
         raise InvalidItem(error)
 

@@ -64,6 +64,8 @@ class Tokens:
 
 class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
     preprocess_overlaps_infer = True  # the tokenizer serves preprocess alone
+    # A fast tokenizer is thread-safe and releases the GIL: batches tokenize on several cores.
+    preprocess_concurrently = True
     metadata = Metadata(
         platform="pytorch_transformers",
         inputs=(TEXT,),

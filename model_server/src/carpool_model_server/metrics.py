@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -22,6 +22,8 @@ class ModelMetrics:
     errors: Counter
     gpu_allocated: Gauge
     gpu_reserved: Gauge
+    # This model's series of each, looked up once: `labels()` costs more than the update.
+    _batch: tuple[Histogram, Histogram, Counter, Counter, Counter] = field(init=False)
 
     @classmethod
     def create(cls, model: str, registry: CollectorRegistry | None = None) -> ModelMetrics:
@@ -71,17 +73,21 @@ class ModelMetrics:
 
     def __post_init__(self) -> None:
         # Create every labelled series up front, so a scrape shows zeros before the first batch.
-        for metric in (self.batch_size, self.batch_duration, self.items):
-            metric.labels(self.model)
-        for kind in ERROR_KINDS:
-            self.errors.labels(self.model, kind)
+        series = (
+            self.batch_size.labels(self.model),
+            self.batch_duration.labels(self.model),
+            self.items.labels(self.model),
+            *(self.errors.labels(self.model, kind) for kind in ERROR_KINDS),
+        )
+        object.__setattr__(self, "_batch", series)
 
     def observe_batch(self, size: int, seconds: float, invalid: int, failed: int) -> None:
-        self.batch_size.labels(self.model).observe(size)
-        self.batch_duration.labels(self.model).observe(seconds)
-        self.items.labels(self.model).inc(size)
-        self.errors.labels(self.model, "invalid_item").inc(invalid)
-        self.errors.labels(self.model, "infer").inc(failed)
+        batch_size, batch_duration, items, invalid_items, infer_errors = self._batch
+        batch_size.observe(size)
+        batch_duration.observe(seconds)
+        items.inc(size)
+        invalid_items.inc(invalid)
+        infer_errors.inc(failed)
 
     def observe_gpu(self, device: torch.device) -> None:
         """Refresh the GPU gauges; a no-op off CUDA, so the gauges exist only on GPU pods."""

@@ -3,7 +3,8 @@
 All model work (load, warm-up, every forward pass) happens on that one thread, so the event
 loop keeps answering health checks and the model never sees two batches at once. When the
 handler allows it, `preprocess` runs on a second thread: batch n+1 is tokenized (and copied
-to the GPU) while batch n runs. Failures are
+to the GPU) while batch n runs; on a pool of one thread per pod CPU where the handler says
+its preprocess runs concurrently (`Handler.preprocess_concurrently`). Failures are
 isolated per item here: invalid items are answered 400 while their neighbours run; a batch
 whose forward pass raises is split in halves and retried until only the failing items
 remain, which are answered 500. An error that poisons the device (`fatal.is_fatal`) is not
@@ -13,6 +14,7 @@ bisected: it fails the batch and every later one with `DeviceFailed`, until a re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -30,6 +32,7 @@ from carpool_model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool_model_server.fatal import is_fatal
 from carpool_model_server.handler import AnyHandler, Prepared
 from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.pod_cpus import pod_cpus
 from carpool_model_server.warmup import default_sizes
 
 log = logging.getLogger(__name__)
@@ -46,9 +49,12 @@ class Runner:
         max_batch_size: int,
         warmup_item: Item | None = None,
         pipeline: bool = True,
+        prep_threads: int | None = None,
     ) -> None:
         """`warmup_item`, when given, replaces the handler's own example item in warm-up;
-        `pipeline` False keeps preprocess on the worker even where the handler allows more."""
+        `pipeline` False keeps preprocess on the worker even where the handler allows more;
+        `prep_threads` sizes the preprocess pool of a concurrent handler (default: the
+        pod's CPUs)."""
         self.handler = handler
         self.device = device
         self.metrics = metrics
@@ -58,10 +64,20 @@ class Runner:
         self.failure: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-infer")
         self._preparer: ThreadPoolExecutor | None = None
+        self._torch_threads: int | None = None
+        concurrent = handler.preprocess_concurrently
         if pipeline and handler.preprocess_overlaps_infer:
-            self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-prep")
-        # The worker preprocesses too (warm-up, isolation): one preprocess at a time.
-        self._preprocessing = threading.Lock()
+            threads = (prep_threads or pod_cpus()) if concurrent else 1
+            self._preparer = ThreadPoolExecutor(
+                max_workers=threads,
+                thread_name_prefix="carpool-prep",
+                initializer=self._start_prep_thread,
+            )
+        # The worker preprocesses too (warm-up, isolation): one preprocess at a time, unless
+        # the handler runs several at once.
+        self._preprocessing: contextlib.AbstractContextManager[object] = (
+            contextlib.nullcontext() if concurrent else threading.Lock()
+        )
 
     async def load(
         self,
@@ -72,8 +88,8 @@ class Runner:
         """Load the model and run one warm-up batch of each size at each of the handler's
         input shapes, on the worker thread, for `warmup_seconds` at most; None: the sizes
         `warmup.default_sizes` gives for the device."""
-        if self._preparer is not None and torch_threads is not None:
-            await self._on(self._preparer, torch.set_num_threads, torch_threads)
+        # Read by each preprocess thread as it starts (they start with the first batches).
+        self._torch_threads = torch_threads
         sizes = warmup_sizes
         if sizes is None:
             sizes = default_sizes(self.max_batch_size, self.device)
@@ -119,6 +135,11 @@ class Runner:
     ) -> R:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(thread, functools.partial(function, *args, **kwargs))
+
+    def _start_prep_thread(self) -> None:
+        if self._torch_threads is not None:
+            # OpenMP keeps this setting per thread, as on the worker.
+            torch.set_num_threads(self._torch_threads)
 
     def _prepare(self, items: Sequence[Item]) -> Prepared[object] | None:
         """Preprocess ahead of the worker. None leaves it to the worker: there a failing

@@ -51,6 +51,9 @@ NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
 }
 BYTES = "BYTES"
 DATATYPES = frozenset([*NUMPY_DTYPES, BYTES])
+_BUFFERS = (bytes, bytearray, memoryview)
+# The other way, for `datatype_of` (once per output tensor): BF16's words read as UINT16.
+_DATATYPE_OF = {dtype: name for name, dtype in NUMPY_DTYPES.items() if name != "BF16"}
 
 
 class WireError(ValueError):
@@ -72,9 +75,10 @@ class Tensor:
 
     def check(self) -> None:
         """Raise WireError when the data does not hold exactly `shape` elements."""
+        # Once per tensor of every item decoded: written for speed (no generators).
         if self.datatype not in DATATYPES:
             raise WireError(f"unknown datatype {self.datatype!r}")
-        if any(dim < 0 for dim in self.shape):
+        if self.shape and min(self.shape) < 0:
             raise WireError(f"negative dimension in shape {list(self.shape)}")
         if self.datatype == BYTES:
             if not isinstance(self.data, list) or not all(
@@ -83,7 +87,7 @@ class Tensor:
                 raise WireError("BYTES data must be a list of byte strings")
             have = len(self.data)
         else:
-            if not isinstance(self.data, bytes | bytearray | memoryview):
+            if not isinstance(self.data, _BUFFERS):
                 raise WireError(f"{self.datatype} data must be a byte buffer")
             itemsize = NUMPY_DTYPES[self.datatype].itemsize
             if len(self.data) % itemsize:
@@ -111,7 +115,7 @@ class Tensor:
         """Wrap an array; `datatype` is needed only for BF16 words and object (BYTES) arrays."""
         if datatype is None:
             datatype = datatype_of(array.dtype)
-        shape = tuple(int(dim) for dim in array.shape)
+        shape = array.shape
         if datatype == BYTES:
             elements = [e if isinstance(e, bytes) else str(e).encode() for e in array.flat]
             return cls(BYTES, shape, elements)
@@ -149,10 +153,10 @@ class BatchTiming:
 def datatype_of(dtype: np.dtype[Any]) -> str:
     if dtype.kind in "OSU":
         return BYTES
-    for name, candidate in NUMPY_DTYPES.items():
-        if name != "BF16" and candidate == dtype.newbyteorder("<"):
-            return name
-    raise WireError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
+    name = _DATATYPE_OF.get(dtype.newbyteorder("<"))
+    if name is None:
+        raise WireError(f"numpy dtype {dtype} has no Open Inference Protocol datatype")
+    return name
 
 
 def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
@@ -161,7 +165,7 @@ def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
 
 def _unpack_tensor(raw: Any) -> Tensor:
     try:
-        tensor = Tensor(str(raw["datatype"]), tuple(int(d) for d in raw["shape"]), raw["data"])
+        tensor = Tensor(str(raw["datatype"]), tuple(map(int, raw["shape"])), raw["data"])
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise WireError(f"malformed tensor: {error}") from error
     tensor.check()
