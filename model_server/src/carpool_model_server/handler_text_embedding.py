@@ -16,8 +16,8 @@ model's own (`text_batch.model_max_tokens`). The metadata's embedding width is t
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,20 +25,10 @@ from typing import Any
 import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
-from carpool.contract.wire import Item, Tensor
-from carpool_model_server.handler import Handler, HandlerSettings, Prepared, split_valid
-from carpool_model_server.handler_options import boolean_option, choice_option, positive_option
-from carpool_model_server.text_batch import (
-    PADDINGS,
-    TEXT,
-    TextBatcher,
-    Tokens,
-    model_max_tokens,
-    padding_for,
-    read_json,
-    text_item,
-    text_of,
-)
+from carpool.contract.wire import Tensor
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_options import boolean_option, choice_option
+from carpool_model_server.text_batch import TEXT, TEXT_OPTIONS, TextHandler, Tokens, read_json
 
 POOLINGS = ("mean", "cls", "last")
 # sentence-transformers' pooling modes this handler computes: `pooling_mode` names one (a
@@ -99,8 +89,7 @@ def _pooling(config_file: Path) -> str:
     return _POOLING_MODES[modes[0]]
 
 
-class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
-    preprocess_overlaps_infer = True  # the tokenizer serves preprocess alone
+class TextEmbeddingHandler(TextHandler[torch.Tensor]):
     metadata = Metadata(
         platform="pytorch_transformers",
         inputs=(TEXT,),
@@ -108,15 +97,13 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
         pads_variable_dims=True,  # the tokenizer pads to the longest text of the batch
     )
 
-    options = frozenset({"padding", "pooling", "normalize", "max_tokens"})
+    options = TEXT_OPTIONS | {"pooling", "normalize"}
 
     def __init__(self, settings: HandlerSettings) -> None:
         super().__init__(settings)
-        options = settings.options
-        choice_option(options, "padding", PADDINGS)
-        self._pooling = choice_option(options, "pooling", POOLINGS)
-        self._normalize = boolean_option(options, "normalize")
-        self._max_tokens = positive_option(options, "max_tokens")
+        self.check_text_options()
+        self._pooling = choice_option(settings.options, "pooling", POOLINGS)
+        self._normalize = boolean_option(settings.options, "normalize")
 
     def load(self, device: torch.device) -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -128,23 +115,9 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
         tokenizer: Any = AutoTokenizer.from_pretrained(str(found.encoder), local_files_only=True)
         model = AutoModel.from_pretrained(str(found.encoder), local_files_only=True)
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
-        longest = model_max_tokens(path, tokenizer, model.config)
-        max_tokens = min(longest, self._max_tokens or longest)
-        padding = padding_for(self.settings.options.get("padding"), device)
-        self.texts = TextBatcher(tokenizer, max_tokens, device, padding)
+        self.texts = self.text_batcher(path, tokenizer, model.config, device)
         width = TensorSpec(EMBEDDING.name, "FP32", (int(model.config.hidden_size),))
-        self.metadata = Metadata(
-            platform=self.metadata.platform,
-            inputs=self.metadata.inputs,
-            outputs=(width,),
-            pads_variable_dims=True,
-        )
-
-    def preprocess(self, items: Sequence[Item]) -> Prepared[Tokens]:
-        texts, rejected = split_valid(items, text_of)
-        if not texts:
-            return Prepared(None, 0, rejected)
-        return Prepared(self.texts.tokens(texts), len(texts), rejected)
+        self.metadata = dataclasses.replace(self.metadata, outputs=(width,))
 
     def infer(self, batch: Tokens) -> torch.Tensor:
         hidden: torch.Tensor = self.model(**batch.columns).last_hidden_state
@@ -164,12 +137,6 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
 
     def postprocess(self, outputs: torch.Tensor) -> list[dict[str, Tensor]]:
         return [{EMBEDDING.name: Tensor.from_numpy(row)} for row in outputs.cpu().numpy()]
-
-    def example_item(self) -> Item:
-        return text_item("carpool warms up the model.")
-
-    def warmup_items(self) -> list[Item]:
-        return self.texts.warmup_items()
 
 
 def _default_model() -> Path:

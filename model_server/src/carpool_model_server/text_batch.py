@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.nn.functional import pad
@@ -27,7 +27,8 @@ from carpool.contract.metadata import TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import check_limits
+from carpool_model_server.handler import Handler, Prepared, check_limits, split_valid
+from carpool_model_server.handler_options import choice_option, positive_option
 
 # Only a text's first max_tokens * CHARS_PER_TOKEN characters are tokenized: 16 per token
 # is far more than any natural text needs (about 4 in English), so the truncation at
@@ -38,6 +39,9 @@ CHARS_PER_TOKEN = 16
 MAX_TEXT_BYTES = 1 << 20
 TEXT = TensorSpec("text", BYTES, (1,), max_element_bytes=MAX_TEXT_BYTES)
 PADDINGS = ("buckets", "longest")
+# The options every text handler takes.
+TEXT_OPTIONS = frozenset({"padding", "max_tokens"})
+OutputsT = TypeVar("OutputsT")
 # A tokenizer that knows no limit reports this (transformers' VERY_LARGE_INTEGER is 1e30).
 _UNBOUNDED = 1_000_000
 
@@ -135,11 +139,39 @@ class TextBatcher:
         return [text_item(" ".join(["the"] * max(bucket - 2, 1))) for bucket in self.buckets]
 
 
-def padding_for(option: str | None, device: torch.device) -> str:
-    """`padding`'s value, or the device's default: buckets on a GPU, longest on a CPU."""
-    if option is not None:
-        return option
-    return "buckets" if device.type == "cuda" else "longest"
+class TextHandler(Handler[Tokens, OutputsT]):
+    """A handler of one text per item: `load` sets `self.texts` with `text_batcher`."""
+
+    preprocess_overlaps_infer = True  # the tokenizer serves preprocess alone
+    texts: TextBatcher
+
+    def check_text_options(self) -> None:
+        """For `__init__`: refuse a bad `padding` or `max_tokens` before anything loads."""
+        choice_option(self.settings.options, "padding", PADDINGS)
+        positive_option(self.settings.options, "max_tokens")
+
+    def text_batcher(
+        self, path: Path, tokenizer: Any, config: Any, device: torch.device
+    ) -> TextBatcher:
+        """Batches for the model at `path`, cut at its maximum length or `max_tokens`."""
+        longest = model_max_tokens(path, tokenizer, config)
+        max_tokens = min(longest, positive_option(self.settings.options, "max_tokens") or longest)
+        padding = self.settings.options.get("padding")
+        if padding is None:
+            padding = "buckets" if device.type == "cuda" else "longest"
+        return TextBatcher(tokenizer, max_tokens, device, padding)
+
+    def preprocess(self, items: Sequence[Item]) -> Prepared[Tokens]:
+        texts, rejected = split_valid(items, text_of)
+        if not texts:
+            return Prepared(None, 0, rejected)
+        return Prepared(self.texts.tokens(texts), len(texts), rejected)
+
+    def example_item(self) -> Item:
+        return text_item("carpool warms up the model.")
+
+    def warmup_items(self) -> list[Item]:
+        return self.texts.warmup_items()
 
 
 def text_item(text: str) -> Item:

@@ -21,6 +21,4 @@ BUILTIN_HANDLERS: Mapping[str, str] = MappingProxyType(
 
 # The built-ins that serve the file or folder `--model-path` names and have no model without
 # one: the model server refuses to start without it, the operator a BatchedModel.
-NEEDS_MODEL_PATH: frozenset[str] = frozenset(
-    {"torchscript", "text-classification"}
-)
+NEEDS_MODEL_PATH: frozenset[str] = frozenset({"torchscript", "text-classification"})
