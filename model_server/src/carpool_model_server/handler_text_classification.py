@@ -43,7 +43,7 @@ class TextClassificationHandler(TextHandler[Ranked]):
         tokenizer: Any = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
-        self.ranking = Ranking.of(model.config, self._top_k)
+        self.ranking = Ranking.of(model.config.id2label, model.config.problem_type, self._top_k)
         self.texts = self.text_batcher(path, tokenizer, model.config, device)
         self.metadata = dataclasses.replace(self.metadata, outputs=self.ranking.outputs())
 

@@ -26,9 +26,10 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Tensor
+from carpool_model_server.folder import read_json
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_options import boolean_option, choice_option
-from carpool_model_server.text_batch import TEXT, TEXT_OPTIONS, TextHandler, Tokens, read_json
+from carpool_model_server.text_batch import TEXT, TEXT_OPTIONS, TextHandler, Tokens
 
 POOLINGS = ("mean", "cls", "last")
 # sentence-transformers' pooling modes this handler computes: `pooling_mode` names one (a

@@ -8,7 +8,7 @@ computes them. k is every label, or `top_k` where that is fewer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,11 +31,17 @@ class Ranking:
     top_k: int
 
     @classmethod
-    def of(cls, config: Any, top_k: int | None) -> Ranking:
-        """The ranking a transformers model's config asks for, cut at `top_k`."""
-        count = int(config.num_labels)
-        labels = [str(config.id2label[index]) for index in range(count)]
-        multi_label = config.problem_type == "multi_label_classification"
+    def of(
+        cls, id2label: Mapping[Any, Any], problem_type: str | None, top_k: int | None
+    ) -> Ranking:
+        """The ranking a model's config asks for (transformers' `id2label`, whose keys
+        may be strings, and `problem_type`), cut at `top_k`."""
+        names = {int(index): str(label) for index, label in id2label.items()}
+        if sorted(names) != list(range(len(names))):
+            raise ValueError(f"id2label numbers {sorted(names)}, not 0 to {len(names) - 1}")
+        count = len(names)
+        multi_label = problem_type == "multi_label_classification"
+        labels = [names[index] for index in range(count)]
         return cls(labels, multi_label or count == 1, min(top_k or count, count))
 
     def outputs(self) -> tuple[TensorSpec, TensorSpec]:

@@ -14,7 +14,6 @@ item. `--handler-options padding=buckets|longest` chooses either way.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from carpool.contract.metadata import TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
+from carpool_model_server.folder import read_json
 from carpool_model_server.handler import Handler, Prepared, check_limits, split_valid
 from carpool_model_server.handler_options import choice_option, positive_option
 
@@ -75,16 +75,6 @@ def model_max_tokens(path: Path, tokenizer: Any, config: Any) -> int:
     if not limits:
         raise ValueError(f"{path} states no maximum sequence length; set max_tokens")
     return min(limits)
-
-
-def read_json(path: Path) -> Mapping[str, Any]:
-    """A model folder's JSON file as an object; empty when there is no such file."""
-    if not path.is_file():
-        return {}
-    loaded = json.loads(path.read_text())
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path} holds no JSON object")
-    return loaded
 
 
 @dataclass(frozen=True, slots=True)
