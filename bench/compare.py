@@ -8,12 +8,16 @@ rounds, against the model's own limit at every batch size the load can form.
     python bench/compare.py --model trivial      # the HTTP front's own cost, concurrency 64
     python bench/compare.py --device cuda:0 --text-length long   # a batch-friendly GPU run
     python bench/compare.py --handler stand-in --handler-options preset=fast   # a GPU's timing
+    python bench/compare.py --model resnet18 --peers litserve   # image classification
 
 Each round starts every variant in turn (unbatched, carpool, then each peer whose venv is
 built), loads it at every concurrency, stops it, then measures the model's in-process limit
 at each batch size min(clients, max batch size) and at the powers of two. The summary gives
-the median and range over rounds, and ratios paired round by round. Everything lands in
-`--results` as summary.txt, results.json and compare.png.
+the median and range over rounds, and ratios paired round by round. `--model resnet18` serves
+a ResNet-18-shaped classifier with random weights (bench/image_model.py) through the
+image-classification handler, each request one 3 x 224 x 224 FP32 image as the model takes it
+(`input=fp32`), at concurrency 1, 8, 32 by default, without the in-process limit.
+Everything lands in `--results` as summary.txt, results.json and compare.png.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import sys
 from pathlib import Path
 
 import click
+import image_model
 import orjson
 import peers
 import servers
@@ -183,10 +188,11 @@ def _peer_variants(
 @click.command()
 @click.option(
     "--model",
-    type=click.Choice(["minilm", "trivial"]),
+    type=click.Choice(["minilm", "trivial", "resnet18"]),
     default="minilm",
     show_default=True,
-    help="minilm: all-MiniLM-L6-v2 (or --handler); trivial: the toy model, to cost the front.",
+    help="minilm: all-MiniLM-L6-v2 (or --handler); trivial: the toy model, to cost the front; "
+    "resnet18: image classification of 224 x 224 images.",
 )
 @click.option(
     "--handler",
@@ -270,12 +276,18 @@ def main(
     quiet: bool,
 ) -> None:
     """Compare unbatched serving, carpool and the peers' batching on one model."""
-    trivial = model == "trivial"
+    trivial, images = model == "trivial", model == "resnet18"
     pinned_loadgen, pinned_servers = _cpus(loadgen_cpus), _cpus(server_cpus)
     if pinned_loadgen is not None:
         os.sched_setaffinity(0, pinned_loadgen)
+    model_path = ""
+    if images:
+        handler = "image-classification"
+        handler_options = ",".join(filter(None, ("input=fp32", handler_options)))
+        folder = servers.REPO_DIR / ".cache" / "bench" / "resnet18-random"
+        model_path = str(image_model.resnet18(folder))
     handler = handler or ("toy" if trivial else "text-embedding")
-    levels = concurrency or ((64,) if trivial else (1, 8, 32, 64))
+    levels = concurrency or ((64,) if trivial else (1, 8, 32) if images else (1, 8, 32, 64))
     settings = servers.ModelSettings(
         handler=handler,
         model_name=model_name or handler,
@@ -284,6 +296,7 @@ def main(
         max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms,
         handler_options=handler_options,
+        model_path=model_path,
     )
     variants = [servers.unbatched(settings), servers.carpool(settings)]
     # The toy model and the stand-in take floats, which the peer apps are not written for.
@@ -292,7 +305,8 @@ def main(
         click.echo(f"peers: skipped for {handler}", err=True)
     else:
         variants += _peer_variants(peer_names, install_peers, settings)
-    measure_limit = not (trivial or no_limit)
+    # bench/limit.py sends text.
+    measure_limit = not (trivial or images or no_limit)
     if measure_limit and not LIMIT_SCRIPT.exists():
         click.echo(f"limit: skipped, {LIMIT_SCRIPT} is missing", err=True)
         measure_limit = False
@@ -302,17 +316,18 @@ def main(
     (results / "logs").mkdir(parents=True, exist_ok=True)
     spec = workload.WorkloadSpec(
         protocol="oip-json",
-        payload="toy" if toy else "text",
+        payload="toy" if toy or images else "text",
         model_name=settings.model_name,
-        input_name="input" if toy else "text",
+        input_name="image" if images else "input" if toy else "text",
+        input_shape=image_model.ITEM_SHAPE if images else (4,),
         text_length=text_length,
     )
     prepared = workload.build(spec)
     run_settings = {
         **dataclasses.asdict(settings),
         "model": model,
-        "payload": spec.payload,
-        "text_length": None if toy else text_length,
+        "payload": "image" if images else spec.payload,
+        "text_length": None if toy or images else text_length,
         "concurrency": list(levels),
         "rounds": rounds,
         "duration_seconds": duration,

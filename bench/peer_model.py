@@ -9,8 +9,10 @@ server does. Only the serving and batching machinery differs between the variant
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -37,16 +39,31 @@ class Served:
     max_wait_ms: float
 
 
+# The model's folder or file and the handler's own options reach `load` through the
+# environment, which every peer's worker processes inherit, whatever channel the app uses for
+# the rest.
+MODEL_PATH_ENV = "CARPOOL_BENCH_MODEL_PATH"
+OPTIONS_ENV = "CARPOOL_BENCH_HANDLER_OPTIONS"
+
+
 def serve_options(main: Callable[[Served], None]) -> click.Command:
     """The command line every peer app takes, as bench/servers.py passes it."""
 
-    def command(model_name: str | None, **options: Any) -> None:
+    def command(
+        model_name: str | None, model_path: str | None, handler_options: str | None, **options: Any
+    ) -> None:
+        if model_path:
+            os.environ[MODEL_PATH_ENV] = model_path
+        if handler_options:
+            os.environ[OPTIONS_ENV] = handler_options
         main(Served(model_name=model_name or options["handler"], **options))
 
     for option in reversed(
         (
             click.option("--handler", default="text-embedding", show_default=True),
             click.option("--model-name", default=None),
+            click.option("--model-path", default=None),
+            click.option("--handler-options", default=None, help="key=value,..."),
             click.option("--port", type=int, required=True),
             click.option("--device", default="auto", show_default=True),
             click.option("--torch-threads", type=int, default=1, show_default=True),
@@ -63,7 +80,15 @@ def load(handler_name: str, device: str, torch_threads: int, max_batch_size: int
     torch.set_num_threads(torch_threads)
     if device == "auto":
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    handler = load_handler_class(handler_name)(HandlerSettings(None, torch.float32, max_batch_size))
+    model_path = os.environ.get(MODEL_PATH_ENV)
+    pairs = [pair.partition("=") for pair in os.environ.get(OPTIONS_ENV, "").split(",") if pair]
+    settings = HandlerSettings(
+        Path(model_path) if model_path else None,
+        torch.float32,
+        max_batch_size,
+        {key: value for key, _, value in pairs},
+    )
+    handler = load_handler_class(handler_name)(settings)
     with torch.inference_mode():
         handler.load(torch.device(device))
     return handler

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import click
 import torch
@@ -112,6 +113,7 @@ def build_app(runner: Runner, model_name: str, torch_threads: int | None) -> web
 @click.option("--handler", default="text-embedding", show_default=True)
 @click.option("--handler-options", type=CommaList(KeyValue()), default=(), help="e.g. preset=fast")
 @click.option("--model-name", default=None, help="[default: the handler name]")
+@click.option("--model-path", type=click.Path(exists=True, path_type=Path), default=None)
 @click.option("--port", type=int, required=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--torch-threads", type=int, default=None, help="torch intra-op threads.")
@@ -119,6 +121,7 @@ def main(
     handler: str,
     handler_options: tuple[tuple[str, str], ...],
     model_name: str | None,
+    model_path: Path | None,
     port: int,
     device: str,
     torch_threads: int | None,
@@ -128,7 +131,7 @@ def main(
     handler_class = load_handler_class(handler)
     name = model_name or handler
     # One item at a time: the handler never sees a batch larger than one request.
-    settings = HandlerSettings(None, torch.float32, 64, dict(handler_options))
+    settings = HandlerSettings(model_path, torch.float32, 64, dict(handler_options))
     runner = Runner(handler_class(settings), _device(device), ModelMetrics.create(name), 64)
     app = build_app(runner, name, torch_threads)
     # run_app turns SIGINT/SIGTERM into a clean exit that runs cleanup_ctx.
