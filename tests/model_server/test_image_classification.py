@@ -113,9 +113,11 @@ async def test_uint8_pixels_of_any_size_are_classified(vit: Path, tmp_path: Path
     args += ("--handler-options", "input=uint8")
     with run_model_server(tmp_path, "image-classification", *args, timeout_s=120) as server:
         items = [{"image": Tensor.from_numpy(pixels)} for pixels in PIXELS]
+        items.insert(1, {"image": Tensor.from_numpy(np.zeros((0, 5, 3), np.uint8))})
         results = await post_batch(server, items)
         metadata = orjson.loads(http_get(server, "/metadata")[1])
-    assert_as_in_process(results, expected)
+    assert results[1].status == 400 and "no pixels" in str(results[1].error)
+    assert_as_in_process([results[0], *results[2:]], expected)
     (spec,) = metadata["inputs"]
     assert (spec["datatype"], spec["shape"]) == ("UINT8", [-1, -1, 3])
 

@@ -23,6 +23,7 @@ at once.
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.device import to_device
+from carpool_model_server.errors import InvalidItem
 from carpool_model_server.exported import EXPORTED_FILE, load_exported
 from carpool_model_server.folder import read_json
 from carpool_model_server.handler import (
@@ -141,7 +143,10 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
         return decode(tensor.data[0], (self.size[1], self.size[2]))
 
     def _pixels_of(self, item: Item) -> Any:
-        return from_pixels(require_input(item, PIXELS).to_numpy())
+        pixels = require_input(item, PIXELS).to_numpy()
+        if not pixels.size:
+            raise InvalidItem(f"input 'image' holds no pixels: shape {list(pixels.shape)}")
+        return from_pixels(pixels)
 
     def _prepared_of(self, item: Item) -> np.ndarray:
         return require_input(item, self.metadata.inputs[0]).to_numpy()
@@ -165,8 +170,6 @@ def _network(
 
 
 def _png(pixels: np.ndarray) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     from_pixels(pixels).save(buffer, format="PNG")
     return buffer.getvalue()

@@ -45,6 +45,9 @@ class TextClassificationHandler(TextHandler[Ranked]):
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
         self.ranking = Ranking.of(model.config.id2label, model.config.problem_type, self._top_k)
         self.texts = self.text_batcher(path, tokenizer, model.config, device)
+        if model.config.pad_token_id is None:
+            # A decoder classifier finds each text's last token by it.
+            model.config.pad_token_id = tokenizer.pad_token_id
         self.metadata = dataclasses.replace(self.metadata, outputs=self.ranking.outputs())
 
     def infer(self, batch: Tokens) -> Ranked:

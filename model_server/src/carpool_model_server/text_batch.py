@@ -93,6 +93,9 @@ class TextBatcher:
     """Tokenizes the valid texts of a batch into one padded `Tokens`."""
 
     def __init__(self, tokenizer: Any, max_tokens: int, device: torch.device, padding: str):
+        if tokenizer.pad_token is None:
+            # A decoder's tokenizer may have none; its end of text pads, attention masked.
+            tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.device = device
