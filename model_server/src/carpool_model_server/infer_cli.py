@@ -30,7 +30,11 @@ from carpool_model_server.results_file import (
 
 
 @click.command()
-@click.option("--handler", required=True, help="text-embedding, text-generation, module:Class...")
+@click.option(
+    "--handler",
+    required=True,
+    help="text-embedding, text-classification, image-classification, module:Class...",
+)
 @click.option(
     "--input",
     "input_path",
