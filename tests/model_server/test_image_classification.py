@@ -3,10 +3,12 @@ process; images that are none, too large or cut short are refused alone."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -148,4 +150,48 @@ def test_prepared_fp32_pixels_go_to_the_model_as_they_are(vit: Path) -> None:
     for outputs, probabilities in zip(results, expected, strict=True):
         labels = [label.decode() for label in outputs["labels"].data]  # type: ignore[union-attr]
         scores = dict(zip(labels, outputs["scores"].to_numpy().tolist(), strict=True))
+        np.testing.assert_allclose([scores[label] for label in LABELS], probabilities, atol=1e-5)
+
+
+def oip_image_request(data: bytes) -> tuple[bytes, dict[str, str]]:
+    """One image as an Open Inference Protocol request, BYTES in the binary extension."""
+    raw = struct.pack("<I", len(data)) + data
+    tensor = {"name": "image", "datatype": "BYTES", "shape": [1, 1]}
+    header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}]})
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return header + raw, headers
+
+
+async def test_through_carpool_serve_a_bad_image_fails_its_request_alone(vit: Path) -> None:
+    import aiohttp
+    from support.serve import serving
+
+    from carpool.processes import free_port
+
+    files = [encoded(PIXELS[0], "PNG"), encoded(PIXELS[1], "JPEG")]
+    cut = files[1][: len(files[1]) // 2]
+    expected = in_process(vit, [Image.open(io.BytesIO(data)).convert("RGB") for data in files])
+    port = free_port()
+    args = ["--handler", "image-classification", "--model-path", str(vit), "--port", str(port)]
+    args += ["--grpc-port", "0", "--torch-threads", "1"]
+    with serving(*args, until="ready at"):
+        url = f"http://127.0.0.1:{port}/v2/models/image-classification/infer"
+        async with aiohttp.ClientSession() as session:
+
+            async def ask(data: bytes) -> tuple[int, dict[str, Any]]:
+                body, headers = oip_image_request(data)
+                async with session.post(url, data=body, headers=headers) as reply:
+                    return reply.status, orjson.loads(await reply.read())
+
+            # Sent at once: the sidecar may batch them together; the bad one fails alone.
+            answers = await asyncio.gather(ask(files[0]), ask(cut), ask(files[1]))
+    (good, _), (bad_status, bad), (other, _) = answers
+    assert (good, bad_status, other) == (200, 400, 200), answers
+    assert "truncated" in bad["error"]
+    for (_, document), probabilities in zip((answers[0], answers[2]), expected, strict=True):
+        outputs = {output["name"]: output["data"] for output in document["outputs"]}
+        scores = dict(zip(outputs["labels"], outputs["scores"], strict=True))
         np.testing.assert_allclose([scores[label] for label in LABELS], probabilities, atol=1e-5)
