@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(PARTS:%=%/pyproject.toml) constraints-dev.txt
 	# any looser spec pulls gigabytes of CUDA packages. uv then installs the rest in seconds.
 	$(PY) -m pip install -qq -c constraints-dev.txt torch==2.13.0 uv
 	$(VENV)/bin/uv pip install -q --python $(PY) -c constraints-dev.txt --group dev \
-		-e './carpool[all]' -e ./sidecar -e './model_server[embedding]' -e ./operator
+		-e './carpool[all]' -e ./sidecar -e './model_server[embedding,vision]' -e ./operator
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -9,15 +9,19 @@ rounds, against the model's own limit at every batch size the load can form.
     python bench/compare.py --device cuda:0 --text-length long   # a batch-friendly GPU run
     python bench/compare.py --handler stand-in --handler-options preset=fast   # a GPU's timing
     python bench/compare.py --model bert-large --device cuda:0 --dtype fp16    # GPU-bound
+    python bench/compare.py --model resnet18 --peers litserve   # image classification
 
 Each round starts every variant in turn (unbatched, carpool, then each peer whose venv is
 built), loads it at every concurrency, stops it, then measures the model's in-process limit
 at each batch size min(clients, max batch size) and at the powers of two, beside the
 accelerator's own ceiling there (the forward pass alone, batches prepared in advance). On a
 GPU, with nvidia-ml-py installed, each cell records the GPU's mean utilisation. The summary
-gives the median and range over rounds, and ratios paired round by round. Everything lands
-in `--results` as summary.txt and results.json, rewritten after every cell (a run that is
-stopped keeps what it measured), and compare.png at the end.
+gives the median and range over rounds, and ratios paired round by round. `--model resnet18`
+serves a ResNet-18-shaped classifier with random weights (bench/image_model.py) through the
+image-classification handler, each request one 3 x 224 x 224 FP32 image as the model takes it
+(`input=fp32`), at concurrency 1, 8, 32 by default, without the in-process limit.
+Everything lands in `--results` as summary.txt and results.json, rewritten after every cell
+(a run that is stopped keeps what it measured), and compare.png at the end.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from types import FrameType
 
 import click
 import gpu_usage
+import image_model
 import peers
 import servers
 import summary
@@ -52,6 +57,7 @@ MODELS = {
     "minilm": ("text-embedding", "text-embedding"),
     "bert-large": ("large_encoder:LargeEncoderHandler", "bert-large"),
     "trivial": ("toy", "toy"),
+    "resnet18": ("image-classification", "image-classification"),
 }
 
 
@@ -206,7 +212,7 @@ def _peer_variants(
     show_default=True,
     help="minilm: all-MiniLM-L6-v2 (or --handler); bert-large: a BERT-large-shaped encoder "
     "built from a config with a fixed seed (bench/large_encoder.py, no download); trivial: "
-    "the toy model, to cost the front.",
+    "the toy model, to cost the front; resnet18: image classification of 224 x 224 images.",
 )
 @click.option(
     "--handler",
@@ -298,13 +304,19 @@ def main(
     quiet: bool,
 ) -> None:
     """Compare unbatched serving, carpool and the peers' batching on one model."""
-    trivial = model == "trivial"
+    trivial, images = model == "trivial", model == "resnet18"
     pinned_loadgen, pinned_servers = _cpus(loadgen_cpus), _cpus(server_cpus)
     if pinned_loadgen is not None:
         os.sched_setaffinity(0, pinned_loadgen)
     default_handler, default_name = MODELS[model]
+    model_path = ""
+    if images:
+        handler = default_handler
+        handler_options = ",".join(filter(None, ("input=fp32", handler_options)))
+        folder = servers.REPO_DIR / ".cache" / "bench" / "resnet18-random"
+        model_path = str(image_model.resnet18(folder))
     handler = handler or default_handler
-    levels = concurrency or ((64,) if trivial else (1, 8, 32, 64))
+    levels = concurrency or ((64,) if trivial else (1, 8, 32) if images else (1, 8, 32, 64))
     settings = servers.ModelSettings(
         handler=handler,
         model_name=model_name or (default_name if handler == default_handler else handler),
@@ -314,6 +326,7 @@ def main(
         max_wait_ms=max_wait_ms,
         handler_options=handler_options,
         dtype=dtype,
+        model_path=model_path,
     )
     variants = [servers.unbatched(settings), servers.carpool(settings)]
     # The toy model and the stand-in take floats, which the peer apps are not written for.
@@ -322,7 +335,8 @@ def main(
         click.echo(f"peers: skipped for {handler}", err=True)
     else:
         variants += _peer_variants(peer_names, install_peers, settings)
-    measure_limit = not (trivial or no_limit)
+    # bench/limit.py sends text.
+    measure_limit = not (trivial or images or no_limit)
     if measure_limit and not LIMIT_SCRIPT.exists():
         click.echo(f"limit: skipped, {LIMIT_SCRIPT} is missing", err=True)
         measure_limit = False
@@ -332,17 +346,18 @@ def main(
     (results / "logs").mkdir(parents=True, exist_ok=True)
     spec = workload.WorkloadSpec(
         protocol="oip-json",
-        payload="toy" if toy else "text",
+        payload="toy" if toy or images else "text",
         model_name=settings.model_name,
-        input_name="input" if toy else "text",
+        input_name="image" if images else "input" if toy else "text",
+        input_shape=image_model.ITEM_SHAPE if images else (4,),
         text_length=text_length,
     )
     prepared = workload.build(spec)
     run_settings = {
         **dataclasses.asdict(settings),
         "model": model,
-        "payload": spec.payload,
-        "text_length": None if toy else text_length,
+        "payload": "image" if images else spec.payload,
+        "text_length": None if toy or images else text_length,
         "concurrency": list(levels),
         "rounds": rounds,
         "duration_seconds": duration,

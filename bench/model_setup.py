@@ -20,6 +20,7 @@ def build_handler(
     dtype: str,
     max_batch_size: int,
     options: Iterable[tuple[str, str]] = (),
+    model_path: Path | None = None,
 ) -> tuple[AnyHandler, torch.device]:
     """The handler, built (not loaded) as the model server builds it, and its device.
 
@@ -33,6 +34,7 @@ def build_handler(
             "dtype": dtype,
             "max_batch_size": max_batch_size,
             "handler_options": tuple(options),
+            "model_path": model_path,
         }
     )
     resolved = resolve_device(config)

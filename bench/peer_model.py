@@ -9,8 +9,10 @@ server does. Only the serving and batching machinery differs between the variant
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -40,16 +42,31 @@ class Served:
     dtype: str  # fp32 | fp16 | bf16, as the model server's --dtype
 
 
+# The model's folder or file and the handler's own options reach `load` through the
+# environment, which every peer's worker processes inherit, whatever channel the app uses for
+# the rest.
+MODEL_PATH_ENV = "CARPOOL_BENCH_MODEL_PATH"
+OPTIONS_ENV = "CARPOOL_BENCH_HANDLER_OPTIONS"
+
+
 def serve_options(main: Callable[[Served], None]) -> click.Command:
     """The command line every peer app takes, as bench/servers.py passes it."""
 
-    def command(model_name: str | None, **options: Any) -> None:
+    def command(
+        model_name: str | None, model_path: str | None, handler_options: str | None, **options: Any
+    ) -> None:
+        if model_path:
+            os.environ[MODEL_PATH_ENV] = model_path
+        if handler_options:
+            os.environ[OPTIONS_ENV] = handler_options
         main(Served(model_name=model_name or options["handler"], **options))
 
     for option in reversed(
         (
             click.option("--handler", default="text-embedding", show_default=True),
             click.option("--model-name", default=None),
+            click.option("--model-path", default=None),
+            click.option("--handler-options", default=None, help="key=value,..."),
             click.option("--port", type=int, required=True),
             click.option("--device", default="auto", show_default=True),
             click.option("--torch-threads", type=int, default=1, show_default=True),
@@ -68,7 +85,17 @@ def load(
     """The handler, loaded on `device` (auto: the first GPU if any) in `dtype`, with
     `torch_threads`."""
     torch.set_num_threads(torch_threads)
-    handler, resolved = build_handler(handler_name, device, dtype, max_batch_size)
+    path = os.environ.get(MODEL_PATH_ENV)
+    pairs = [pair.partition("=") for pair in os.environ.get(OPTIONS_ENV, "").split(",") if pair]
+    options = [(key, value) for key, _, value in pairs]
+    handler, resolved = build_handler(
+        handler_name,
+        device,
+        dtype,
+        max_batch_size,
+        options,
+        Path(path) if path else None,
+    )
     with torch.inference_mode():
         handler.load(resolved)
     return handler

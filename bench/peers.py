@@ -29,6 +29,8 @@ CARPOOL_RUNTIME = (
     "msgpack==1.2.4",
     "numpy==2.4.6",
     "orjson==3.13.0",
+    # image-classification decodes images with Pillow.
+    "pillow==13.0.0",
     "transformers==5.23.0",
 )
 # The workspace's parts the peer apps import (bench/peer_model.py and the apps).

@@ -42,6 +42,8 @@ class ModelSettings:
     # The handler's own `--handler-options` (the stand-in's timing), for every variant alike.
     handler_options: str = ""
     dtype: str = "fp32"
+    # The model's file or folder (`--model-path`), for handlers that read one.
+    model_path: str = ""
 
 
 # Handlers sent four floats (`--payload toy`); every other one is sent text, as MiniLM takes.
@@ -101,6 +103,8 @@ def model_arguments(settings: ModelSettings, batched: bool) -> tuple[str, ...]:
     )
     if settings.handler_options:
         common += ("--handler-options", settings.handler_options)
+    if settings.model_path:
+        common += ("--model-path", settings.model_path)
     if not batched:
         return common
     return (

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import click
 from aiohttp import web
@@ -107,6 +108,7 @@ def build_app(runner: Runner, model_name: str, torch_threads: int | None) -> web
 @click.option("--handler", default="text-embedding", show_default=True)
 @click.option("--handler-options", type=CommaList(KeyValue()), default=(), help="e.g. preset=fast")
 @click.option("--model-name", default=None, help="[default: the handler name]")
+@click.option("--model-path", type=click.Path(exists=True, path_type=Path), default=None)
 @click.option("--port", type=int, required=True)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--torch-threads", type=int, default=None, help="torch intra-op threads.")
@@ -115,6 +117,7 @@ def main(
     handler: str,
     handler_options: tuple[tuple[str, str], ...],
     model_name: str | None,
+    model_path: Path | None,
     port: int,
     device: str,
     torch_threads: int | None,
@@ -125,7 +128,7 @@ def main(
     name = model_name or handler
     try:
         # One item at a time: the handler never sees a batch larger than one request.
-        model, resolved = build_handler(handler, device, dtype, 64, handler_options)
+        model, resolved = build_handler(handler, device, dtype, 64, handler_options, model_path)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     runner = Runner(model, resolved, ModelMetrics.create(name), 64)

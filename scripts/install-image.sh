@@ -18,7 +18,7 @@ case "$part" in
     sidecar) parts=(./carpool ./sidecar) ;;
     # The weights fetcher (`python -m carpool.storage`) runs from the model's image too.
     model-server)
-        parts=('./carpool[storage]' './model_server[embedding]')
+        parts=('./carpool[storage]' './model_server[embedding,vision]')
         # torch first, by pip: a plain `pip install torch` picks CUDA on x86.
         "${pip[@]}" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==$TORCH_VERSION"
         ;;

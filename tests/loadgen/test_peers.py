@@ -194,3 +194,33 @@ def _outputs(document: Any) -> list[dict[str, Any]]:
         [document] = document
     outputs: list[dict[str, Any]] = document["outputs"]
     return outputs
+
+
+def test_every_peer_app_loads_the_model_path_and_options_it_is_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The options reach the handler in whichever process the peer runs it, through the
+    # environment that serve_options sets (bench/peer_model.py).
+    from support.tiny_models import build_tiny_vit
+
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        peer_model = importlib.import_module("peer_model")
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    for variable in (peer_model.MODEL_PATH_ENV, peer_model.OPTIONS_ENV):
+        monkeypatch.setenv(variable, "")  # restored when the test ends
+    vit = build_tiny_vit(tmp_path / "vit")
+    loaded = []
+
+    def main(served: Any) -> None:
+        loaded.append(peer_model.load(served.handler, "cpu", 1, served.max_batch_size))
+
+    command = peer_model.serve_options(main)
+    args = ["--handler", "image-classification", "--port", "1", "--model-path", str(vit)]
+    command.main([*args, "--handler-options", "top_k=2,input=uint8"], standalone_mode=False)
+    [handler] = loaded
+    assert handler.settings.model_path == vit
+    (image,) = handler.metadata.inputs
+    assert image.datatype == "UINT8"
+    assert [spec.shape for spec in handler.metadata.outputs] == [(2,), (2,)]

@@ -102,6 +102,7 @@ def test_bad_values_are_refused_naming_flag_and_value(
         ((*BASE, "--port", "8080"), "--socket", "carpool-test.sock"),
         (("--handler", "toy"), "--socket", "None"),
         (("--handler", "torchscript", "--port", "1"), "--model-path", "None"),
+        (("--handler", "image-classification", "--port", "1"), "--model-path", "None"),
     ],
 )
 def test_inconsistent_settings_name_key_and_value(

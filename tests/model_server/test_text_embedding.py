@@ -17,15 +17,16 @@ from support.model_server import ModelServer, http_get, post_batch, run_model_se
 
 from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool_model_server.handler import HandlerSettings
-from carpool_model_server.handler_text_embedding import (
-    BUCKETS,
-    MAX_CHARS,
-    MAX_TEXT_BYTES,
-    MAX_TOKENS,
-    TextEmbeddingHandler,
-)
+from carpool_model_server.handler_text_embedding import TextEmbeddingHandler
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner
+from carpool_model_server.text_batch import CHARS_PER_TOKEN, MAX_TEXT_BYTES, buckets
+
+# MiniLM's max_seq_length (its sentence_bert_config.json), the lengths batches pad to with
+# padding=buckets, and the characters of a text that are tokenized.
+MAX_TOKENS = 256
+BUCKETS = buckets(MAX_TOKENS)
+MAX_CHARS = MAX_TOKENS * CHARS_PER_TOKEN
 
 SENTENCES = [
     "A cat sits on the mat.",
@@ -164,7 +165,9 @@ async def test_only_the_first_max_chars_of_a_text_are_tokenized(server: ModelSer
 def test_warm_up_text_fills_the_token_limit(reference: SentenceTransformer) -> None:
     # Warm-up must see the longest sequence a batch can hold: the kernels' and allocator's
     # worst case.
-    example = TextEmbeddingHandler(HandlerSettings(None, torch.float32, 8)).example_item()
+    handler = TextEmbeddingHandler(HandlerSettings(None, torch.float32, 8))
+    handler.load(torch.device("cpu"))
+    (example,) = handler.warmup_items()
     (text,) = example["text"].data
     assert isinstance(text, bytes)
     assert token_count(reference, text.decode()) > MAX_TOKENS
@@ -177,7 +180,9 @@ async def test_on_a_gpu_batches_take_only_shapes_warm_up_ran() -> None:
     handler = TextEmbeddingHandler(HandlerSettings(None, torch.float32, 3, {"padding": "buckets"}))
     shapes: list[tuple[int, ...]] = []
     infer = handler.infer
-    handler.infer = lambda batch: shapes.append(tuple(batch.input_ids.shape)) or infer(batch)  # type: ignore[method-assign]
+    handler.infer = lambda batch: (
+        shapes.append(tuple(batch.columns["input_ids"].shape)) or infer(batch)
+    )  # type: ignore[method-assign]
     runner = Runner(handler, torch.device("cpu"), ModelMetrics.create("minilm"), 3, pipeline=False)
     try:
         await runner.load(1, [1, 2, 3])
@@ -208,7 +213,7 @@ def test_bucket_padding_leaves_the_embeddings_as_they_were() -> None:
             prepared = loaded.preprocess(items)
             assert prepared.batch is not None
             embeddings.append(loaded.infer(prepared.batch).numpy())
-        lengths = prepared.batch.input_ids.shape[1]
+        lengths = prepared.batch.columns["input_ids"].shape[1]
         assert (lengths in BUCKETS) == (padding == "buckets")
     np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-5)
 

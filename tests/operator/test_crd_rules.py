@@ -131,6 +131,12 @@ BREAKS: dict[str, Callable[[Json], None]] = {
     "secretName and mountPath go with storageUri": _set(
         "spec.model.weights", {"image": {}, "secretName": "s"}
     ),
+    "model.handler torch-export or torchscript loads a file": _set(
+        "spec.model.handler", "torch-export"
+    ),
+    "model.handler image-classification, text-classification or text-generation": _set(
+        "spec.model.handler", "image-classification"
+    ),
     "minReplicas must not exceed maxReplicas": _set(
         "spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2}
     ),

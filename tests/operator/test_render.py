@@ -549,3 +549,39 @@ def test_every_pod_meets_the_restricted_pod_security_standard(name: str) -> None
     from chart.pod_security import violations
 
     assert violations(pod_of(render(SPECS[name]))) == []
+
+
+def model_server_args(body: dict[str, Any]) -> list[str]:
+    return list(containers(render(body))["model-server"]["command"])
+
+
+@pytest.mark.parametrize(
+    ("handler", "weights", "model_path"),
+    [
+        ("image-classification", {"storageUri": "s3://models/vit/"}, "/models"),
+        ("text-embedding", {"pvc": {"claimName": "w", "mountPath": "/w"}}, "/w"),
+        (
+            "torch-export",
+            {"uri": {"url": "https://e.com/r.pt2", "fileName": "r.pt2"}},
+            "/models/r.pt2",
+        ),
+    ],
+)
+def test_weights_and_a_built_in_handler_are_the_whole_recipe(
+    handler: str, weights: dict[str, Any], model_path: str
+) -> None:
+    # The operator passes the fetched file or folder: no modelPath to repeat it.
+    args = model_server_args(model(model={"handler": handler, "weights": weights}))
+    assert args[args.index("--model-path") + 1] == model_path
+
+
+def test_a_model_path_given_wins_and_none_is_invented() -> None:
+    store = {"storageUri": "s3://models/m.tar.gz"}
+    given = model_server_args(
+        model(model={"handler": "torchscript", "modelPath": "/models/m.pt", "weights": store})
+    )
+    assert given[given.index("--model-path") + 1] == "/models/m.pt"
+    # A user's own handler reads what it likes; MiniLM from the image needs no path.
+    for handler, weights in (("my.models:Net", store), ("text-embedding", {"image": {}})):
+        body = model(model={"handler": handler, "weights": weights})
+        assert "--model-path" not in model_server_args(body)

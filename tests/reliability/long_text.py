@@ -30,7 +30,7 @@ from reliability.traffic import (
 )
 from support.sidecar import run_pair
 
-from carpool_model_server.handler_text_embedding import MAX_TEXT_BYTES
+from carpool_model_server.text_batch import MAX_TEXT_BYTES
 
 MODEL = "text-embedding"
 SENTENCE = "A cat sits on the mat while the kettle boils."

@@ -52,7 +52,11 @@ DRAIN_DELAY_S = 0.5
 @click.option("--handler", required=True, help="model server handler, e.g. text-embedding")
 @click.option("--handler-options", help="the handler's own key=value,... (e.g. stand-in's)")
 @click.option("--model-name", help="name in URLs (default: the handler name)")
-@click.option("--model-path", help="model file, for the torchscript handler")
+@click.option(
+    "--model-path",
+    help="the model's file (torchscript, torch-export) or folder (text-embedding, "
+    "text-classification, image-classification, text-generation)",
+)
 @click.option("--device", help="auto | cpu | cuda:N (model server default: auto)")
 @click.option("--dtype", help="fp32 | fp16 | bf16 (model server default: fp32; fp16 needs CUDA)")
 @click.option("--torch-threads", type=int, help="torch intra-op threads (default: torch's)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict
 
+from carpool.contract.handlers import NEEDS_MODEL_PATH
 from carpool.contract.pod import DRAIN_SECONDS, MODEL_MAX_BATCH_SIZE
 from carpool_model_server.errors import ConfigError
 
@@ -87,8 +88,8 @@ def parse(options: Options) -> Config:
         raise ConfigError(key_name("device"), device, "must be auto, cpu or cuda:N")
     max_batch_size = options.get("max_batch_size") or DEFAULT_MAX_BATCH_SIZE
     model_path = options.get("model_path")
-    if handler == "torchscript" and model_path is None:
-        raise ConfigError(key_name("model_path"), None, "the torchscript handler needs a file")
+    if handler in NEEDS_MODEL_PATH and model_path is None:
+        raise ConfigError(key_name("model_path"), None, f"the {handler} handler needs the model")
     return Config(
         handler=handler,
         model_name=options.get("model_name") or handler,

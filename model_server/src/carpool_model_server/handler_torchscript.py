@@ -42,7 +42,7 @@ class TorchScriptHandler(Handler[torch.Tensor, torch.Tensor]):
         self.module = module.to(self.settings.dtype).eval()
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[torch.Tensor]:
-        arrays, rejected = split_valid(items, _array_of)
+        arrays, rejected = split_valid(items, self.array_of)
         rows: list[npt.NDArray[np.float32]] = []
         valid_indices = [index for index in range(len(items)) if index not in rejected]
         for index, array in zip(valid_indices, arrays, strict=True):
@@ -57,6 +57,10 @@ class TorchScriptHandler(Handler[torch.Tensor, torch.Tensor]):
             return Prepared(None, 0, rejected)
         batch = to_device(torch.from_numpy(np.stack(rows)).to(self.settings.dtype), self.device)
         return Prepared(batch, len(rows), rejected)
+
+    def array_of(self, item: Item) -> npt.NDArray[np.float32]:
+        """The item's input, refused unless FP32 and within the limits."""
+        return _array_of(item)
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:
         output = self.module(batch)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import fcntl
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import click
 import orjson
 
+from carpool.comma_list import CommaList, KeyValue
 from carpool_model_server.items import result_to_json
 from carpool_model_server.offline import DEFAULT_BATCH_SIZE, BatchInference
 from carpool_model_server.results_file import (
@@ -28,13 +30,18 @@ from carpool_model_server.results_file import (
 
 
 @click.command()
-@click.option("--handler", required=True, help="text-embedding, text-generation, module:Class...")
+@click.option(
+    "--handler",
+    required=True,
+    help="text-embedding, text-classification, image-classification, module:Class...",
+)
 @click.option(
     "--input",
     "input_path",
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="JSON lines: an object of inputs per line, or a string for a text first input.",
+    help='JSON lines: an object of inputs per line (a BYTES input may be {"file": PATH}, '
+    "relative to this file's folder), or a string for a text first input.",
 )
 @click.option(
     "--output",
@@ -46,6 +53,12 @@ from carpool_model_server.results_file import (
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=DEFAULT_BATCH_SIZE)
 @click.option("--model-path", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option(
+    "--handler-options",
+    type=CommaList(KeyValue()),
+    default=None,
+    help="The handler's own settings, as for carpool model-server, e.g. top_k=5.",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N")
 @click.option("--torch-threads", type=click.IntRange(min=1), default=None)
 @click.option(
@@ -57,6 +70,7 @@ def command(
     output_path: Path,
     batch_size: int,
     model_path: Path | None,
+    handler_options: tuple[tuple[str, str], ...] | None,
     device: str,
     torch_threads: int | None,
     sort: bool,
@@ -85,7 +99,9 @@ def command(
                 f"--output {output_path} is being written by another carpool infer"
             ) from None
         try:
-            done = resume(output, header(input_sha256, handler, model_path))
+            options = dict(handler_options or ())
+            run_header = header(input_sha256, handler, model_path, options)
+            done = resume(output, run_header)
         except NotThisRun as refusal:
             raise click.ClickException(f"--output {output_path} {refusal}") from None
         if done:
@@ -100,32 +116,46 @@ def command(
                 message = f"line {index + 1} is not JSON: {error}"
                 append(output, index, {"error": message, "status": 400})
         if pending:
-            _run(handler, pending, output, batch_size, model_path, device, torch_threads, sort)
+            settings = _Settings(batch_size, model_path, options, device, torch_threads, sort)
+            _run(handler, pending, output, settings, input_path.parent)
         output.flush()
         put_in_order(output_path)
     click.echo(f"wrote {output_path} in {time.monotonic() - started:.1f}s", err=True)
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    batch_size: int
+    model_path: Path | None
+    options: dict[str, str]
+    device: str
+    torch_threads: int | None
+    sort: bool
 
 
 def _run(
     handler: str,
     pending: list[tuple[int, Any]],
     output: IO[bytes],
-    batch_size: int,
-    model_path: Path | None,
-    device: str,
-    torch_threads: int | None,
-    sort: bool,
+    settings: _Settings,
+    base: Path,
 ) -> None:
-    with BatchInference(
-        handler,
-        batch_size=batch_size,
-        model_path=model_path,
-        device=device,
-        torch_threads=torch_threads,
-    ) as inference:
+    try:
+        inference = BatchInference(
+            handler,
+            batch_size=settings.batch_size,
+            model_path=settings.model_path,
+            device=settings.device,
+            torch_threads=settings.torch_threads,
+            options=settings.options,
+        )
+    except ValueError as error:  # an option the handler refuses
+        raise click.ClickException(str(error)) from None
+    with inference:
         records = [record for _, record in pending]
         with click.progressbar(length=len(records), label="infer") as bar:
-            for positions, results in inference.run(records, sort_by_length=sort):
+            runs = inference.run(records, sort_by_length=settings.sort, base=base)
+            for positions, results in runs:
                 for position, result in zip(positions, results, strict=True):
                     append(output, pending[position][0], result_to_json(result))
                 output.flush()

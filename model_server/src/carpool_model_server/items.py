@@ -3,11 +3,15 @@
 A JSON record maps input names to values: a string (or a list of strings) for BYTES inputs,
 a number or nested list of numbers for numeric ones. A bare string stands for the handler's
 first input when that takes text (`text` of text-embedding, `text_input` of text-generation).
+`{"file": PATH}` for a BYTES input is the file's bytes (an image for image-classification),
+PATH relative to a base folder (`carpool infer`: its input file's), refused past the input's
+`max_element_bytes` before it is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,8 +25,11 @@ from carpool_model_server.errors import InvalidItem
 Record = Mapping[str, Any] | str
 
 
-def item_from_record(record: Record, inputs: Sequence[TensorSpec]) -> Item:
-    """The item for one record; raise InvalidItem when a value does not fit its input."""
+def item_from_record(
+    record: Record, inputs: Sequence[TensorSpec], base: Path | None = None
+) -> Item:
+    """The item for one record; raise InvalidItem when a value does not fit its input.
+    Files are read relative to `base` (by default the working folder)."""
     if isinstance(record, str):
         if not inputs or inputs[0].datatype != BYTES:
             raise InvalidItem("a bare string stands for a first input of BYTES; give an object")
@@ -35,11 +42,13 @@ def item_from_record(record: Record, inputs: Sequence[TensorSpec]) -> Item:
         spec = specs.get(name)
         if spec is None:
             continue  # not an input: ids and other fields the caller keeps for itself
-        item[name] = value if isinstance(value, Tensor) else _tensor(value, spec)
+        item[name] = value if isinstance(value, Tensor) else _tensor(value, spec, base)
     return item
 
 
-def _tensor(value: Any, spec: TensorSpec) -> Tensor:
+def _tensor(value: Any, spec: TensorSpec, base: Path | None) -> Tensor:
+    if spec.datatype == BYTES and isinstance(value, Mapping):
+        return Tensor(BYTES, (1,), [_file(value, spec, base or Path.cwd())])
     if spec.datatype == BYTES:
         strings = [value] if isinstance(value, str) else value
         if not (isinstance(strings, list) and all(isinstance(s, str) for s in strings)):
@@ -52,6 +61,26 @@ def _tensor(value: Any, spec: TensorSpec) -> Tensor:
     if array.ndim == 0 and len(spec.shape) == 1:
         array = array.reshape(1)  # a bare number for a one-element input
     return Tensor.from_numpy(array, spec.datatype)
+
+
+def _file(value: Mapping[str, Any], spec: TensorSpec, base: Path) -> bytes:
+    """The bytes of the file `{"file": PATH}` names, within the input's limit."""
+    name = value.get("file")
+    if set(value) != {"file"} or not isinstance(name, str):
+        raise InvalidItem(f'input {spec.name!r} takes a string or {{"file": PATH}}')
+    path = base / name
+    limit = spec.max_element_bytes
+    try:
+        with path.open("rb") as file:
+            data = file.read() if limit is None else file.read(limit + 1)
+    except OSError as error:
+        raise InvalidItem(f"input {spec.name!r}: cannot read {name}: {error.strerror}") from None
+    if limit is not None and len(data) > limit:
+        raise InvalidItem(
+            f"input {spec.name!r}: {name} is over the model's limit of {limit} bytes "
+            "(max_element_bytes)"
+        )
+    return data
 
 
 def _numbers(value: Any, spec: TensorSpec, dtype: np.dtype[Any]) -> npt.NDArray[Any]:

@@ -51,7 +51,12 @@ OPTIONS: tuple[tuple[str, click.ParamType[Any], str], ...] = (
         "the handler's own settings, e.g. preset=fast,jitter=0.1 for stand-in",
     ),
     ("model_name", click.STRING, "name in metrics and metadata (default: the handler name)"),
-    ("model_path", PATH, "model file (torchscript) or folder (text-generation)"),
+    (
+        "model_path",
+        PATH,
+        "model file (torchscript, torch-export) or folder (text-embedding, text-classification, "
+        "image-classification, text-generation)",
+    ),
     ("socket", PATH, "Unix socket path of the data listener"),
     ("host", click.STRING, "TCP data listener address (default 127.0.0.1), with --port"),
     ("port", AT_LEAST_0, "TCP data listener port, instead of --socket"),

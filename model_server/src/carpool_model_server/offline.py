@@ -9,8 +9,9 @@ on the model server's own `Runner`, so a failing item is isolated exactly as in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,9 +86,12 @@ class BatchInference:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         torch_threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> None:
+        """`options`: the handler's own settings, as `--handler-options` gives them."""
         if isinstance(handler, str):
-            handler = load_handler_class(handler)(HandlerSettings(model_path, dtype, batch_size))
+            settings = HandlerSettings(model_path, dtype, batch_size, dict(options or {}))
+            handler = load_handler_class(handler)(settings)
         self.handler = handler
         self.batch_size = batch_size
         self.stats = Stats()
@@ -113,14 +117,15 @@ class BatchInference:
         self._loop.close()
 
     def run(
-        self, records: Sequence[Record], *, sort_by_length: bool = True
+        self, records: Sequence[Record], *, sort_by_length: bool = True, base: Path | None = None
     ) -> Iterator[tuple[list[int], list[ItemResult]]]:
-        """Yield (indices, results) batch by batch; every index of `records` exactly once."""
+        """Yield (indices, results) batch by batch; every index of `records` exactly once.
+        `{"file": PATH}` values are read relative to `base` (the working folder if None)."""
         # Each record's item, or the message refusing it.
         items: list[Item | str] = []
         for record in records:
             try:
-                items.append(item_from_record(record, self.handler.metadata.inputs))
+                items.append(item_from_record(record, self.handler.metadata.inputs, base))
             except InvalidItem as error:
                 items.append(str(error))
         # A handler may measure items in its own tokens; else bytes of text stand in for them.
@@ -181,7 +186,9 @@ class _PaddingMeter(Handler[Any, Any]):
     """
 
     def __init__(self, inner: AnyHandler, stats: Stats) -> None:
-        super().__init__(inner.settings)
+        # The inner handler checked its options; the meter takes none of its own.
+        super().__init__(dataclasses.replace(inner.settings, options={}))
+        self.settings = inner.settings
         self.inner = inner
         self.metadata = inner.metadata
         self.stats = stats

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NoReturn
 
@@ -37,14 +38,22 @@ def read_input(path: Path) -> tuple[list[bytes], str]:
     return lines, digest.hexdigest()
 
 
-def header(input_sha256: str, handler: str, model_path: Path | None) -> bytes:
-    """The header line of a run of `handler` (with `model_path`) over an input."""
-    run = {
+def header(
+    input_sha256: str,
+    handler: str,
+    model_path: Path | None,
+    options: Mapping[str, str] | None = None,
+) -> bytes:
+    """The header line of a run of `handler` (with `model_path` and its `options`, which
+    change its answers) over an input."""
+    run: dict[str, object] = {
         HEADER_KEY: FORMAT,
         "input_sha256": input_sha256,
         "handler": handler,
         "model_path": None if model_path is None else str(model_path.resolve()),
     }
+    if options:
+        run["options"] = dict(sorted(options.items()))
     return orjson.dumps(run, option=orjson.OPT_APPEND_NEWLINE)
 
 

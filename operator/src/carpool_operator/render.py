@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from carpool.contract.handlers import FILE_HANDLERS, FOLDER_HANDLERS
 from carpool.contract.pod import (
     CONFIG_DIR,
     CONFIG_FILE,
@@ -105,6 +106,19 @@ def _metadata(spec: ModelSpec, name: str) -> Manifest:
     return metadata
 
 
+def _model_path(spec: ModelSpec) -> str:
+    """spec.model.modelPath, or what the weights give a built-in handler that reads a model:
+    the file weights.uri fetches, or the folder storageUri or a PVC is mounted at."""
+    if spec.model_path:
+        return spec.model_path
+    weights = spec.weights
+    if weights.kind == "uri" and spec.handler in FILE_HANDLERS:
+        return f"{weights.mount_path}/{weights.file_name}"
+    if weights.kind in ("storage", "pvc") and spec.handler in FOLDER_HANDLERS:
+        return weights.mount_path
+    return ""
+
+
 def _model_server(spec: ModelSpec) -> Manifest:
     command = [
         *MODEL_SERVER_COMMAND,
@@ -123,8 +137,8 @@ def _model_server(spec: ModelSpec) -> Manifest:
     ]  # fmt: skip
     if spec.gpu:
         command.append(ModelServerFlag.REQUIRE_GPU)
-    if spec.model_path:
-        command += [ModelServerFlag.MODEL_PATH, spec.model_path]
+    if model_path := _model_path(spec):
+        command += [ModelServerFlag.MODEL_PATH, model_path]
     command += list(spec.args)
 
     mounts: list[Manifest] = [

@@ -24,6 +24,7 @@ from typing import Any
 
 from carpool.contract.batching import IN_PROCESS_DEFAULTS, KNOBS, Knob
 from carpool.contract.crd import with_batching, with_handlers
+from carpool.contract.crd_model_path import with_model_path_rules
 from carpool.contract.pod import default_flag, default_variable
 
 _WIDTH = 100
@@ -133,7 +134,9 @@ def with_tables(document: str) -> str:
 # ---- every file -------------------------------------------------------------------------
 
 WRITERS: dict[str, Callable[[str], str]] = {
-    "crds/batchedmodels.carpool.dev.yaml": lambda crd: with_handlers(with_batching(crd)),
+    "crds/batchedmodels.carpool.dev.yaml": lambda crd: with_model_path_rules(
+        with_handlers(with_batching(crd))
+    ),
     "charts/carpool/values.yaml": with_chart_defaults,
     "charts/carpool/values.schema.json": with_chart_schema,
     "docs/sidecar.md": with_tables,

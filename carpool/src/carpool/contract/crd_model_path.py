@@ -1,0 +1,73 @@
+"""The CRD's rules that a built-in handler has the model it reads (`carpool.contract.generate`).
+
+A file handler (`FILE_HANDLERS`) needs spec.model.modelPath, or weights.uri, whose file the
+operator then names; a folder handler that has no model of its own needs modelPath, or
+weights from storageUri or a PVC, whose mountPath the operator then names. The API server
+refuses a BatchedModel that has neither, as the model server would refuse to start; the
+rules sit between two marker comments in spec's `x-kubernetes-validations`, written from
+`carpool.contract.handlers`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from carpool.contract.handlers import FILE_HANDLERS, NEEDS_MODEL_PATH
+
+_BEGIN = "                # Written from carpool.contract.handlers by `make generate`:"
+_END = "                # (end of the generated rules)"
+_ITEM = "                - "
+_WIDTH = 98  # the column the rest of the file wraps at
+_FIELD = "                  "
+
+
+def _names(handlers: frozenset[str]) -> tuple[str, str]:
+    """The handlers as a CEL list and as words (`a, b or c`)."""
+    ordered = sorted(handlers)
+    listed = ", ".join(f"'{name}'" for name in ordered)
+    words = ordered[0] if len(ordered) == 1 else f"{', '.join(ordered[:-1])} or {ordered[-1]}"
+    return f"[{listed}]", words
+
+
+def model_path_rules() -> list[tuple[str, str]]:
+    """(rule, message) of each rule."""
+    files, file_words = _names(FILE_HANDLERS)
+    folders, folder_words = _names(NEEDS_MODEL_PATH - FILE_HANDLERS)
+    has_path = "has(self.model.modelPath)"
+    return [
+        (
+            f"!(self.model.handler in {files}) || {has_path} || "
+            "(has(self.model.weights) && has(self.model.weights.uri))",
+            f"model.handler {file_words} loads a file: set model.modelPath, or model.weights.uri "
+            "to fetch one",
+        ),
+        (
+            f"!(self.model.handler in {folders}) || {has_path} || (has(self.model.weights) && "
+            "(has(self.model.weights.storageUri) || has(self.model.weights.pvc)))",
+            f"model.handler {folder_words} loads the model's folder: set model.weights.storageUri "
+            "or model.weights.pvc (the folder is their mountPath), or model.modelPath",
+        ),
+    ]
+
+
+def with_model_path_rules(crd: str) -> str:
+    """The CRD text with the lines between the markers written from the handlers."""
+    lines = crd.splitlines()
+    try:
+        start, end = lines.index(_BEGIN), lines.index(_END)
+    except ValueError:
+        raise ValueError(
+            f"the CRD lacks the markers {_BEGIN.strip()!r}, {_END.strip()!r}"
+        ) from None
+    rules: list[str] = []
+    for rule, message in model_path_rules():
+        rules += [f"{_ITEM}rule: >-", *_folded(rule), f"{_FIELD}fieldPath: .model.modelPath"]
+        rules += [f"{_FIELD}message: >-", *_folded(message)]
+    return "\n".join([*lines[: start + 1], *rules, *lines[end:]]) + "\n"
+
+
+def _folded(text: str) -> list[str]:
+    """A folded scalar's lines: YAML joins them with spaces again."""
+    indent = _FIELD + "  "
+    wrapped = textwrap.wrap(text, _WIDTH - len(indent), break_on_hyphens=False)
+    return [indent + line for line in wrapped]

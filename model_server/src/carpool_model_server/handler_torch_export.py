@@ -1,0 +1,58 @@
+"""`torch-export`: a `torch.export` package (`--model-path`, `.pt2`) of one tensor to one.
+
+As `torchscript` (items of `input`, FP32, stacked along a new first dimension; each item
+gets its row of the result as `output`, FP32), for the format PyTorch recommends in place of
+TorchScript. A program saved with `torch.export.save` must have been exported with a
+dynamic batch dimension and states its per-item shape: the metadata publishes it, items of
+another shape are refused (400), and warm-up runs zeros of it at every batch size. An
+AOTInductor package (compiled ahead with `torch._inductor.aoti_compile_and_package`, for
+the device it will run on) states no shape: items of any shape up to 2^24 elements are
+taken, and warm-up needs `--example-shape`, as for torchscript. The program runs in the
+dtype it was exported in: `--dtype` must name it (`exported`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from carpool.contract.metadata import TensorSpec
+from carpool.contract.wire import Item, Tensor
+from carpool_model_server.exported import load_exported
+from carpool_model_server.handler import require_input
+from carpool_model_server.handler_torchscript import INPUT, TorchScriptHandler
+
+
+class TorchExportHandler(TorchScriptHandler):
+    metadata = dataclasses.replace(TorchScriptHandler.metadata, platform="pytorch_export")
+
+    def load(self, device: torch.device) -> None:
+        if self.settings.model_path is None:
+            raise ValueError("the torch-export handler needs --model-path")
+        self.device = device
+        exported = load_exported(self.settings.model_path, device, self.settings.dtype)
+        self.run = exported.run
+        self.item_shape = exported.item_shape
+        if self.item_shape is not None and -1 not in self.item_shape:
+            stated = TensorSpec(INPUT.name, INPUT.datatype, self.item_shape)
+            self.metadata = dataclasses.replace(self.metadata, inputs=(stated,))
+
+    def array_of(self, item: Item) -> npt.NDArray[np.float32]:
+        """As torchscript takes it, and of the program's shape where it states one."""
+        (spec,) = self.metadata.inputs
+        if spec.variable:
+            return super().array_of(item)
+        array: npt.NDArray[np.float32] = require_input(item, spec).to_numpy()
+        return array
+
+    def infer(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.run(batch)
+
+    def example_item(self) -> Item | None:
+        (spec,) = self.metadata.inputs
+        if spec.variable:
+            return None
+        return {INPUT.name: Tensor.from_numpy(np.zeros(spec.shape, np.float32))}

@@ -1,0 +1,55 @@
+"""Encoded images (JPEG, PNG) to RGB pixels with Pillow, bounded before they are decoded.
+
+An image file states its size in its header, and a few bytes can claim 40,000 x 40,000
+pixels: `Image.open` reads only the header, so the size is checked against MAX_PIXELS
+before a byte of pixels is decoded. A JPEG is decoded at the smallest of its built-in scales
+(1/2, 1/4, 1/8) that still covers twice the size the model takes, so a large photo costs
+little more than a small one. A truncated or corrupt file fails the decode: each failure is
+the item's `InvalidItem` (400), naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image, UnidentifiedImageError
+
+from carpool_model_server.errors import InvalidItem
+
+FORMATS = ("JPEG", "PNG")
+# 25 megapixels: a 6000 x 4000 photo; decoded as RGB, 75 MB at most per item.
+MAX_PIXELS = 25_000_000
+# The most one encoded image may take on the wire (max_element_bytes).
+MAX_IMAGE_BYTES = 32 << 20
+
+
+def decode(data: bytes, size: tuple[int, int]) -> Image.Image:
+    """The RGB image `data` encodes; `size` (height, width) is what the model takes."""
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns past its own bomb limit, which is above ours; ours decides.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except UnidentifiedImageError:
+        raise InvalidItem(f"not a {' or '.join(FORMATS)} image") from None
+    except Image.DecompressionBombError as error:
+        raise InvalidItem(f"image over {MAX_PIXELS} pixels: {error}") from None
+    width, height = image.size
+    if width * height > MAX_PIXELS:
+        raise InvalidItem(
+            f"image of {width}x{height} pixels, over the limit of {MAX_PIXELS} pixels"
+        )
+    if image.format == "JPEG":
+        image.draft("RGB", (2 * size[1], 2 * size[0]))
+    try:
+        return image.convert("RGB")  # decodes
+    except (OSError, SyntaxError, ValueError) as error:
+        raise InvalidItem(f"{image.format} image could not be decoded: {error}") from None
+
+
+def from_pixels(pixels: npt.NDArray[np.uint8]) -> Image.Image:
+    """An image of RGB pixels, height x width x 3."""
+    return Image.fromarray(np.ascontiguousarray(pixels))

@@ -1,0 +1,105 @@
+"""torch-export serving `.pt2` programs saved with torch.export.save; and image-classification
+serving a folder whose classifier is one (a torchvision-shaped network, no transformers)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import torch
+from PIL import Image
+from support.model_server import http_get, post_batch, run_model_server
+
+from carpool.contract.wire import BYTES, Tensor
+from carpool_model_server.exported import load_exported
+
+
+class TinyConvNet(torch.nn.Module):
+    """A classifier of 3-channel images of any size into 4 classes, as torchvision's are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1)
+        )
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def export(module: torch.nn.Module, path: Path, example: torch.Tensor, batch: bool = True) -> Path:
+    shapes = {"x": {0: torch.export.Dim("batch", max=1024)}} if batch else None
+    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=shapes), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def network() -> TinyConvNet:
+    torch.manual_seed(0)
+    return TinyConvNet().eval()
+
+
+async def test_a_program_answers_each_item_as_in_process(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    path = export(network, tmp_path / "net.pt2", torch.zeros(2, 3, 16, 16))
+    inputs = [torch.randn(3, 16, 16, generator=torch.Generator().manual_seed(n)) for n in range(3)]
+    with torch.inference_mode():
+        expected = network(torch.stack(inputs)).numpy()
+    items = [{"input": Tensor.from_numpy(x.numpy())} for x in inputs]
+    items.insert(1, {"input": Tensor.from_numpy(np.zeros((3, 8, 8), np.float32))})
+    args = ("--model-path", str(path), "--warmup-sizes", "1,4", "--device", "cpu")
+    with run_model_server(tmp_path, "torch-export", *args) as server:
+        log_when_ready = server.log()
+        results = await post_batch(server, items)
+        metadata = orjson.loads(http_get(server, "/metadata")[1])
+    assert results[1].status == 400 and "[3, 16, 16]" in str(results[1].error)
+    answered = [r.outputs["output"].to_numpy() for r in (results[0], *results[2:]) if r.outputs]
+    np.testing.assert_allclose(np.stack(answered), expected, atol=1e-5)
+    # The program states its item shape: the metadata publishes it and warm-up runs it.
+    assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [3, 16, 16]}]
+    assert "warm-up at batch size 4 took" in log_when_ready, log_when_ready
+
+
+def test_a_program_of_a_fixed_batch_is_refused_with_how_to_export_it(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    path = export(network, tmp_path / "fixed.pt2", torch.zeros(1, 3, 16, 16), batch=False)
+    with pytest.raises(ValueError, match=r"batch of exactly 1.*Dim\('batch'\)"):
+        load_exported(path, torch.device("cpu"), torch.float32)
+    (tmp_path / "not.pt2").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match=r"not a \.pt2 package"):
+        load_exported(tmp_path / "not.pt2", torch.device("cpu"), torch.float32)
+
+
+async def test_image_classification_serves_an_exported_torchvision_classifier(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    folder = tmp_path / "classifier"
+    folder.mkdir()
+    export(network, folder / "model.pt2", torch.zeros(2, 3, 224, 224))
+    labels = ["tench", "goldfish", "shark", "hen"]
+    (folder / "config.json").write_text(json.dumps({"id2label": dict(enumerate(labels))}))
+    photo = np.random.default_rng(1).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(photo).save(buffer, format="PNG")
+    # torchvision's ImageNet recipe, by hand: shorter side to 256, centre 224, normalised.
+    resized = Image.fromarray(photo).resize((341, 256), Image.Resampling.BILINEAR)
+    left, top = (341 - 224) // 2, (256 - 224) // 2
+    crop = np.asarray(resized.crop((left, top, left + 224, top + 224)), np.float32) / 255
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    pixels = torch.from_numpy(((crop - mean) / std).transpose(2, 0, 1).astype(np.float32))
+    with torch.inference_mode():
+        expected = network(pixels[None]).softmax(-1)[0].numpy()
+    args = ("--model-path", str(folder), "--warmup-sizes", "1", "--device", "cpu")
+    with run_model_server(tmp_path, "image-classification", *args) as server:
+        (result,) = await post_batch(server, [{"image": Tensor(BYTES, (1,), [buffer.getvalue()])}])
+    assert result.outputs is not None, result.error
+    names = [label.decode() for label in result.outputs["labels"].data]  # type: ignore[union-attr]
+    scores = dict(zip(names, result.outputs["scores"].to_numpy(), strict=True))
+    np.testing.assert_allclose([scores[label] for label in labels], expected, atol=1e-5)
