@@ -37,16 +37,15 @@ class LargeEncoderHandler(TextEmbeddingHandler):
         self.hidden = _positive(settings.options, "hidden", HIDDEN)
         if self.hidden % max(1, self.hidden // 64):
             raise ValueError(f"hidden must be a multiple of 64 or below it, got {self.hidden}")
-        output = TensorSpec(EMBEDDING.name, EMBEDDING.datatype, (self.hidden,))
-        self.metadata = dataclasses.replace(self.metadata, outputs=(output,))
 
     def load(self, device: torch.device) -> None:
-        """The text-embedding handler's load (tokenizer, padding), then its model replaced."""
+        """The text-embedding handler's load (tokenizer, padding), then its model and its
+        width replaced."""
         from transformers import BertConfig, BertModel
 
         super().load(device)
         config = BertConfig(
-            vocab_size=self.tokenizer.vocab_size,
+            vocab_size=self.texts.tokenizer.vocab_size,
             num_hidden_layers=self.layers,
             hidden_size=self.hidden,
             num_attention_heads=max(1, self.hidden // 64),
@@ -55,6 +54,8 @@ class LargeEncoderHandler(TextEmbeddingHandler):
         torch.manual_seed(SEED)
         model = BertModel(config, add_pooling_layer=False)
         self.model = model.to(device=device, dtype=self.settings.dtype).eval()
+        output = TensorSpec(EMBEDDING.name, EMBEDDING.datatype, (self.hidden,))
+        self.metadata = dataclasses.replace(self.metadata, outputs=(output,))
 
 
 def _positive(options: Any, key: str, default: int) -> int:

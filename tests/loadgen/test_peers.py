@@ -214,7 +214,7 @@ def test_every_peer_app_loads_the_model_path_and_options_it_is_given(
     loaded = []
 
     def main(served: Any) -> None:
-        loaded.append(peer_model.load(served.handler, "cpu", 1, served.max_batch_size))
+        loaded.append(peer_model.load(served.handler, "cpu", 1, served.max_batch_size, "fp32"))
 
     command = peer_model.serve_options(main)
     args = ["--handler", "image-classification", "--port", "1", "--model-path", str(vit)]
