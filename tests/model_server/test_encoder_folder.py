@@ -13,9 +13,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
-import torch
+from support.in_process import hidden_states
 from support.model_server import ModelServer, http_get, post_batch, run_model_server
-from support.tiny_models import MAX_POSITIONS, build_tiny_encoder
+from support.tiny_models import build_tiny_encoder
 
 from carpool_model_server.handler_text_embedding import recipe
 from carpool_model_server.text_batch import text_item
@@ -78,15 +78,7 @@ async def test_a_sentence_transformers_folder_embeds_as_sentence_transformers_do
 
 
 async def test_a_plain_folder_takes_the_pooling_it_is_given(encoder: Path, tmp_path: Path) -> None:
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(encoder))
-    model = AutoModel.from_pretrained(str(encoder)).eval()
-    expected = []
-    with torch.inference_mode():
-        for text in TEXTS:  # one at a time: no padding to get wrong
-            tokens = tokenizer(text, truncation=True, max_length=MAX_POSITIONS, return_tensors="pt")
-            expected.append(model(**tokens).last_hidden_state[0, -1].numpy())
+    expected = [states[-1] for states in hidden_states(encoder, TEXTS)]
     with serve(encoder, tmp_path, "pooling=last", "normalize=false") as server:
         vectors = served(await post_batch(server, [text_item(text) for text in TEXTS]))
     np.testing.assert_allclose(vectors, np.stack(expected), atol=1e-5)

@@ -4,7 +4,6 @@ process; images that are none, too large or cut short are refused alone."""
 from __future__ import annotations
 
 import asyncio
-import io
 import struct
 import zlib
 from pathlib import Path
@@ -15,6 +14,8 @@ import orjson
 import pytest
 import torch
 from PIL import Image
+from support.images import decoded, encoded
+from support.in_process import classify_images
 from support.model_server import http_get, post_batch, run_model_server
 from support.tiny_models import LABELS, build_tiny_vit
 
@@ -32,12 +33,6 @@ def vit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_vit(tmp_path_factory.mktemp("vit"))
 
 
-def encoded(pixels: np.ndarray, format: str) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format=format)
-    return buffer.getvalue()
-
-
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose header declares width x height RGB pixels, followed by almost no data."""
 
@@ -52,17 +47,6 @@ def png_header(width: int, height: int) -> bytes:
 
 def image_item(data: bytes) -> dict[str, Tensor]:
     return {"image": Tensor(BYTES, (1,), [data])}
-
-
-def in_process(folder: Path, images: list[Image.Image]) -> np.ndarray:
-    """Each image's probabilities by label index, through the folder's own processor."""
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
-
-    processor = AutoImageProcessor.from_pretrained(str(folder))
-    model = AutoModelForImageClassification.from_pretrained(str(folder)).eval()
-    with torch.inference_mode():
-        pixels = processor(images=images, return_tensors="pt")["pixel_values"]
-        return model(pixel_values=pixels).logits.softmax(-1).numpy()
 
 
 def by_label(result: ItemResult) -> dict[str, float]:
@@ -83,8 +67,8 @@ async def test_encoded_images_are_classified_and_bad_ones_refused_alone(
     vit: Path, tmp_path: Path
 ) -> None:
     files = [encoded(PIXELS[0], "PNG"), encoded(PIXELS[1], "JPEG"), encoded(PIXELS[2], "PNG")]
-    images = [Image.open(io.BytesIO(data)).convert("RGB") for data in files]
-    expected = in_process(vit, images)
+    images = [decoded(data) for data in files]
+    expected = classify_images(vit, images)
     bad = [b"GIF89a not an image", png_header(40_000, 40_000), files[1][: len(files[1]) // 2]]
     items = [
         image_item(files[0]),
@@ -110,7 +94,7 @@ async def test_encoded_images_are_classified_and_bad_ones_refused_alone(
 
 
 async def test_uint8_pixels_of_any_size_are_classified(vit: Path, tmp_path: Path) -> None:
-    expected = in_process(vit, [Image.fromarray(pixels) for pixels in PIXELS])
+    expected = classify_images(vit, [Image.fromarray(pixels) for pixels in PIXELS])
     args = ("--model-path", str(vit), "--device", "cpu", "--warmup-sizes", "1")
     args += ("--handler-options", "input=uint8")
     with run_model_server(tmp_path, "image-classification", *args, timeout_s=120) as server:
@@ -153,27 +137,16 @@ def test_prepared_fp32_pixels_go_to_the_model_as_they_are(vit: Path) -> None:
         np.testing.assert_allclose([scores[label] for label in LABELS], probabilities, atol=1e-5)
 
 
-def oip_image_request(data: bytes) -> tuple[bytes, dict[str, str]]:
-    """One image as an Open Inference Protocol request, BYTES in the binary extension."""
-    raw = struct.pack("<I", len(data)) + data
-    tensor = {"name": "image", "datatype": "BYTES", "shape": [1, 1]}
-    header = orjson.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": len(raw)}}]})
-    headers = {
-        "Content-Type": "application/octet-stream",
-        "Inference-Header-Content-Length": str(len(header)),
-    }
-    return header + raw, headers
-
-
 async def test_through_carpool_serve_a_bad_image_fails_its_request_alone(vit: Path) -> None:
     import aiohttp
+    from support.oip import bytes_request
     from support.serve import serving
 
     from carpool.processes import free_port
 
     files = [encoded(PIXELS[0], "PNG"), encoded(PIXELS[1], "JPEG")]
     cut = files[1][: len(files[1]) // 2]
-    expected = in_process(vit, [Image.open(io.BytesIO(data)).convert("RGB") for data in files])
+    expected = classify_images(vit, [decoded(data) for data in files])
     port = free_port()
     args = ["--handler", "image-classification", "--model-path", str(vit), "--port", str(port)]
     args += ["--grpc-port", "0", "--torch-threads", "1"]
@@ -182,7 +155,7 @@ async def test_through_carpool_serve_a_bad_image_fails_its_request_alone(vit: Pa
         async with aiohttp.ClientSession() as session:
 
             async def ask(data: bytes) -> tuple[int, dict[str, Any]]:
-                body, headers = oip_image_request(data)
+                body, headers = bytes_request("image", data)
                 async with session.post(url, data=body, headers=headers) as reply:
                     return reply.status, orjson.loads(await reply.read())
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-import torch
+from support.in_process import classify_texts
 from support.model_server import http_get, post_batch, run_model_server
-from support.tiny_models import LABELS, MAX_POSITIONS, build_tiny_classifier
+from support.tiny_models import LABELS, build_tiny_classifier
 
 from carpool.contract.wire import BYTES, Tensor
 from carpool_model_server.text_batch import MAX_TEXT_BYTES, text_item
@@ -23,23 +23,8 @@ def classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_classifier(tmp_path_factory.mktemp("classifier"))
 
 
-def in_process(folder: Path) -> list[dict[str, float]]:
-    """Each text's scores by label, one text at a time (no padding to get wrong)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForSequenceClassification.from_pretrained(str(folder)).eval()
-    scores = []
-    with torch.inference_mode():
-        for text in TEXTS:
-            tokens = tokenizer(text, truncation=True, max_length=MAX_POSITIONS, return_tensors="pt")
-            probabilities = model(**tokens).logits.softmax(-1)[0].tolist()
-            scores.append(dict(zip(LABELS, probabilities, strict=True)))
-    return scores
-
-
 async def test_labels_and_scores_as_the_model_gives_them(classifier: Path, tmp_path: Path) -> None:
-    expected = in_process(classifier)
+    expected = [dict(zip(LABELS, row, strict=True)) for row in classify_texts(classifier, TEXTS)]
     items = [text_item(TEXTS[0]), {"text": Tensor(BYTES, (1,), [b"x" * (MAX_TEXT_BYTES + 1)])}]
     items += [text_item(text) for text in TEXTS[1:]] + [{"text": Tensor(BYTES, (1,), [b"\xff"])}]
     args = ("--model-path", str(classifier), "--device", "cpu", "--warmup-sizes", "1")

@@ -13,35 +13,15 @@ import pytest
 import torch
 from PIL import Image
 from support.model_server import http_get, post_batch, run_model_server
+from support.tiny_models import TinyConvNet, export, tiny_conv_net
 
 from carpool.contract.wire import BYTES, Tensor
 from carpool_model_server.exported import load_exported
 
 
-class TinyConvNet(torch.nn.Module):
-    """A classifier of 3-channel images of any size into 4 classes, as torchvision's are."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1)
-        )
-        self.head = torch.nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).flatten(1))
-
-
-def export(module: torch.nn.Module, path: Path, example: torch.Tensor, batch: bool = True) -> Path:
-    shapes = {"x": {0: torch.export.Dim("batch", max=1024)}} if batch else None
-    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=shapes), str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def network() -> TinyConvNet:
-    torch.manual_seed(0)
-    return TinyConvNet().eval()
+    return tiny_conv_net()
 
 
 async def test_a_program_answers_each_item_as_in_process(

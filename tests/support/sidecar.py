@@ -63,9 +63,14 @@ def get(sidecar: Sidecar, path: str, timeout_s: float = 5.0) -> tuple[int, bytes
 
 def metric(sidecar: Sidecar, name: str, **labels: str) -> float:
     """The value of one sample of the sidecar's /metrics (0 when absent), label model implied."""
-    status, body = get(sidecar, "/metrics")
-    assert status == 200, body
-    wanted = {"model": sidecar.model, **labels}
+    return served_metric(sidecar.url, sidecar.model, name, **labels)
+
+
+def served_metric(url: str, model: str, name: str, **labels: str) -> float:
+    """`metric` of the sidecar at `url`, however it was started (e.g. by `carpool serve`)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as reply:
+        body = reply.read()
+    wanted = {"model": model, **labels}
     for family in text_string_to_metric_families(body.decode()):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()):

