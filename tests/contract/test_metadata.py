@@ -50,6 +50,20 @@ def test_per_item_limits_travel_with_their_input() -> None:
     )
 
 
+def test_an_input_not_batched_by_length_says_so_and_others_say_nothing() -> None:
+    images = Metadata(
+        platform="test",
+        inputs=(TensorSpec("image", "BYTES", (1,), batch_by_length=False), *DECLARED.inputs),
+        outputs=DECLARED.outputs,
+    )
+    document = orjson.loads(orjson.dumps(ModelMetadata.served(images, "m", 8).encode()))
+    assert [spec.get("batch_by_length") for spec in document["inputs"]] == [False, None]
+    assert ModelMetadata.decode(document).inputs == images.inputs
+    document["inputs"][0]["batch_by_length"] = "no"
+    with pytest.raises(MetadataError, match="batch_by_length must be true or false"):
+        ModelMetadata.decode(document)
+
+
 def test_a_value_range_travels_with_its_input_and_refuses_what_lies_outside() -> None:
     ranged = Metadata(
         platform="test",

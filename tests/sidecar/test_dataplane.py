@@ -38,11 +38,16 @@ def echo(items: Sequence[Item]) -> list[ItemResult]:
     return [ItemResult(outputs={"y": item["x"]}) for item in items]
 
 
-def metadata(pads: bool, output_shape: tuple[int, ...] = (-1,)) -> ModelMetadata:
+NUMBERS = (TensorSpec("x", "FP32", (-1,)),)
+
+
+def metadata(
+    pads: bool, output_shape: tuple[int, ...] = (-1,), inputs: tuple[TensorSpec, ...] = NUMBERS
+) -> ModelMetadata:
     return ModelMetadata(
         name="m",
         platform="test",
-        inputs=(TensorSpec("x", "FP32", (-1,)),),
+        inputs=inputs,
         outputs=(TensorSpec("y", "FP32", output_shape),),
         max_batch_size=8,
         pads_variable_dims=pads,
@@ -65,12 +70,13 @@ async def dataplane(
     pads: bool = False,
     answers: AnswerBudget | None = None,
     output_shape: tuple[int, ...] = (-1,),
+    inputs: tuple[TensorSpec, ...] = NUMBERS,
 ) -> AsyncIterator[tuple[DataPlane, Model]]:
     model = Model(answer)
     settings = BatchingSettings(dispatch="fixed", max_wait_ms=50)
     batcher = Batcher(settings, model, SidecarMetrics(CollectorRegistry(), "m"))
     state = ModelState()
-    state.ready, state.metadata = True, metadata(pads, output_shape)
+    state.ready, state.metadata = True, metadata(pads, output_shape, inputs)
     answers = answers or AnswerBudget(2**30, 2**30)
     runner = asyncio.create_task(batcher.run())
     try:
@@ -101,6 +107,27 @@ async def test_numeric_items_of_other_shapes_share_a_batch_only_if_padded(
     assert len(model.batches) == batches
     if not pads:
         assert sorted(model.batches) == [[(2,), (2,)], [(3,)]]
+
+
+@pytest.mark.parametrize("datatype", [BYTES, "FP32"])
+@pytest.mark.parametrize(("by_length", "batches"), [(True, 2), (False, 1)])
+async def test_items_of_any_length_share_a_batch_unless_their_input_goes_by_length(
+    datatype: str, by_length: bool, batches: int
+) -> None:
+    def scored(items: Sequence[Item]) -> list[ItemResult]:
+        return [ItemResult(outputs={"y": Tensor.from_numpy(np.ones(1, np.float32))})] * len(items)
+
+    def item(size: int) -> InferRequest:
+        if datatype == BYTES:  # one file of `size` bytes
+            return InferRequest(inputs=[RequestTensor("x", BYTES, (1, 1), [b"x" * size])])
+        return request([0.5] * size)
+
+    shape = (1,) if datatype == BYTES else (-1,)
+    spec = TensorSpec("x", datatype, shape, batch_by_length=by_length)
+    async with dataplane(scored, pads=True, inputs=(spec,)) as (plane, model):
+        outcomes = await infer_all(plane, *map(item, (10, 1000, 12)))
+    assert not any(isinstance(outcome, Exception) for outcome in outcomes), outcomes
+    assert len(model.batches) == batches
 
 
 @pytest.mark.parametrize(("status", "seen"), [(404, 404), (503, 503), (200, 502), (302, 502)])

@@ -49,8 +49,12 @@ from carpool_model_server.image_decode import MAX_IMAGE_BYTES, MAX_PIXELS, decod
 from carpool_model_server.ranking import LABELS, SCORES, Ranked, Ranking
 
 INPUTS = ("encoded", "uint8", "fp32")
-ENCODED = TensorSpec("image", BYTES, (1,), max_element_bytes=MAX_IMAGE_BYTES)
-PIXELS = TensorSpec("image", "UINT8", (-1, -1, 3), max_elements=MAX_PIXELS * 3)
+# Each image is resized to the model's size in preprocess: its file or pixel count is no
+# measure of what it costs the model, so images of any size share a batch.
+ENCODED = TensorSpec("image", BYTES, (1,), max_element_bytes=MAX_IMAGE_BYTES, batch_by_length=False)
+PIXELS = TensorSpec(
+    "image", "UINT8", (-1, -1, 3), max_elements=MAX_PIXELS * 3, batch_by_length=False
+)
 # torchvision's ImageNet classifiers' preprocessing, for a folder that states none.
 IMAGENET: dict[str, Any] = {
     "size": {"shortest_edge": 256},

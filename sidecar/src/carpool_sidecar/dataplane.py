@@ -291,11 +291,12 @@ def _batch_key(
 
     Numeric items share a batch only when their shapes are equal, since a handler stacks
     them, unless the handler pads variable dimensions (`pads_variable_dims`): then items of
-    any shape within one length bucket share a batch. BYTES items always go by length bucket:
-    a handler takes their elements as a list. An item's length is the largest, over its
+    any shape within one length bucket share a batch. BYTES items go by length bucket: a
+    handler takes their elements as a list. An item's length is the largest, over its
     inputs, of the element count of the variable dimensions (padded numeric) or of the
-    longest element in bytes (BYTES: a cheap proxy for the token count). Text generation
-    items also group by their `max_new_tokens` bucket (`generation.settings_bucket`).
+    longest element in bytes (BYTES: a cheap proxy for the token count); an input not
+    batched by length (`TensorSpec.batch_by_length`) adds none. Text generation items also
+    group by their `max_new_tokens` bucket (`generation.settings_bucket`).
     """
     by_name = {tensor.name: tensor for tensor in inputs}
     signature = []
@@ -305,6 +306,8 @@ def _batch_key(
         item_shape = tensor.shape[1:]
         padded = spec.variable and (isinstance(tensor.data, list) or metadata.pads_variable_dims)
         signature.append((spec.name, spec.datatype, spec.shape if padded else item_shape))
+        if not spec.batch_by_length:
+            continue
         if isinstance(tensor.data, list):
             per_item = element_count(item_shape)
             sizes = np.fromiter(map(len, tensor.data), dtype=np.int64, count=len(tensor.data))

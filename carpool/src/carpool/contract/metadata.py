@@ -30,6 +30,11 @@ class TensorSpec:
     element; `minimum` and `maximum` bound the value of each element of a numeric input
     (inclusive), to what the model can compute with. The sidecar refuses a request that
     exceeds any of them (400) before it queues it; the model server refuses such an item too.
+
+    The sidecar batches items that vary in length by their length (the bytes of BYTES
+    elements, the variable dimensions of padded numbers), as a handler pads texts to the
+    longest of its batch; `batch_by_length=False` says an item costs the model alike whatever
+    its length (an image, resized in preprocess): items of any length then share a batch.
     """
 
     name: str
@@ -39,6 +44,7 @@ class TensorSpec:
     max_element_bytes: int | None = None
     minimum: float | None = None
     maximum: float | None = None
+    batch_by_length: bool = True
 
     @property
     def variable(self) -> bool:
@@ -144,7 +150,7 @@ class ModelMetadata(Metadata):
                 inputs=tuple(_decode_spec(raw) for raw in document["inputs"]),
                 outputs=tuple(_decode_spec(raw) for raw in document["outputs"]),
                 max_batch_size=int(document["max_batch_size"]),
-                pads_variable_dims=_flag(document.get("pads_variable_dims", False)),
+                pads_variable_dims=_flag(document, "pads_variable_dims", False),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise MetadataError(f"model server metadata is malformed: {error!r}") from error
@@ -177,6 +183,8 @@ def _encode_spec(spec: TensorSpec) -> dict[str, Any]:
     for limit in (*LIMITS, *BOUNDS):
         if (value := getattr(spec, limit)) is not None:
             document[limit] = value
+    if not spec.batch_by_length:
+        document["batch_by_length"] = False
     return document
 
 
@@ -188,7 +196,9 @@ def _decode_spec(raw: Any) -> TensorSpec:
     limits |= {bound: _bound(bound, raw[bound]) for bound in BOUNDS if bound in raw}
     if datatype == BYTES and set(limits) & set(BOUNDS):
         raise ValueError(f"a BYTES input has no {' or '.join(BOUNDS)}")
-    return TensorSpec(str(raw["name"]), datatype, tuple(int(dim) for dim in raw["shape"]), **limits)
+    shape = tuple(int(dim) for dim in raw["shape"])
+    by_length = _flag(raw, "batch_by_length", True)
+    return TensorSpec(str(raw["name"]), datatype, shape, **limits, batch_by_length=by_length)
 
 
 def _limit(name: str, raw: Any) -> int:
@@ -203,7 +213,8 @@ def _bound(name: str, raw: Any) -> float:
     return raw
 
 
-def _flag(raw: Any) -> bool:
+def _flag(document: Any, name: str, default: bool) -> bool:
+    raw = document.get(name, default)
     if not isinstance(raw, bool):
-        raise ValueError(f"pads_variable_dims must be true or false, got {raw!r}")
+        raise ValueError(f"{name} must be true or false, got {raw!r}")
     return raw
