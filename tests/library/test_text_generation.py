@@ -130,6 +130,28 @@ def test_each_row_stops_at_its_own_limit_and_stop_string(handler: TextGeneration
     assert full == free
 
 
+def test_each_answer_says_why_it_ended_and_counts_its_tokens(
+    handler: TextGenerationHandler,
+) -> None:
+    prompt = "the dog ran far away"
+    free = generate(handler, [prompt_item(prompt, max_new_tokens=30)])[0]
+    assert isinstance(free, str)
+    items = [
+        prompt_item(prompt, max_new_tokens=30, stop=[free.split()[4]]),
+        prompt_item(prompt, max_new_tokens=3),
+    ]
+    with torch.inference_mode():
+        prepared = handler.preprocess(items)
+        assert prepared.batch is not None
+        answers = handler.infer(prepared.batch)
+    assert [a.finish_reason for a in answers] == ["stop_sequence", "length"]
+    assert [a.prompt_tokens for a in answers] == [5, 5]
+    assert answers[1].generated_tokens == 3
+    outputs = handler.postprocess(answers)[1]
+    assert outputs["finish_reason"].data == [b"length"]
+    assert outputs["generated_tokens"].to_numpy().tolist() == [3]
+
+
 def test_bad_items_are_refused_and_neighbours_still_run(handler: TextGenerationHandler) -> None:
     good = prompt_item("a red house", max_new_tokens=5)
     answers = generate(

@@ -6,7 +6,8 @@ batch is split into power-of-two prompt-length buckets, one `model.generate` cal
 short prompt never pads to a long one. Settings are per item: a row stops at its own
 `max_new_tokens`, end-of-sequence token or stop string, while the rest of its bucket goes on;
 `temperature` 0 is greedy. With greedy decoding every prompt gets exactly the tokens it gets
-when it runs alone.
+when it runs alone. Each answer says why it ended (`finish_reason`, as the generate extension
+names the reasons) and how many tokens its prompt and its answer took.
 
 What one item may ask is bounded in the metadata, from the loaded model's context, so the
 sidecar refuses the rest before queueing: the prompt's bytes (PROMPT_BYTES_PER_TOKEN per
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from carpool.contract import generation
@@ -57,6 +59,9 @@ STOP = TensorSpec(
     generation.STOP, BYTES, (-1,), max_elements=MAX_STOP_STRINGS, max_element_bytes=MAX_STOP_BYTES
 )
 TEXT_OUTPUT = TensorSpec(generation.TEXT_OUTPUT, BYTES, (1,))
+FINISH_REASON = TensorSpec(generation.FINISH_REASON, BYTES, (1,))
+PROMPT_TOKENS = TensorSpec(generation.PROMPT_TOKENS, "INT32", (1,))
+GENERATED_TOKENS = TensorSpec(generation.GENERATED_TOKENS, "INT32", (1,))
 WARMUP_PROMPT = "carpool warms up the model"
 
 
@@ -68,6 +73,24 @@ class Request:
     max_new_tokens: int
     temperature: float  # 0: greedy
     stop: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One prompt's generated text, why it ended, and its token counts."""
+
+    text: str
+    finish_reason: str  # one of generation.FINISH_REASONS
+    prompt_tokens: int
+    generated_tokens: int
+
+    def outputs(self) -> dict[str, Tensor]:
+        return {
+            TEXT_OUTPUT.name: Tensor(BYTES, (1,), [self.text.encode()]),
+            FINISH_REASON.name: Tensor(BYTES, (1,), [self.finish_reason.encode()]),
+            PROMPT_TOKENS.name: _count(self.prompt_tokens),
+            GENERATED_TOKENS.name: _count(self.generated_tokens),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +115,11 @@ class Prompts:
         return real, slots
 
 
-class TextGenerationHandler(Handler[Prompts, list[str]]):
+class TextGenerationHandler(Handler[Prompts, list[Answer]]):
     metadata = Metadata(
         platform="pytorch_transformers",
         inputs=(TEXT_INPUT, MAX_NEW_TOKENS, TEMPERATURE, STOP),
-        outputs=(TEXT_OUTPUT,),
+        outputs=(TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, GENERATED_TOKENS),
         pads_variable_dims=True,
     )
 
@@ -128,15 +151,15 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         buckets = [self._pad([requests[r] for r in rows], rows) for rows in by_bucket.values()]
         return Prepared(Prompts(buckets, len(requests)), len(requests), rejected)
 
-    def infer(self, batch: Prompts) -> list[str]:
-        texts = [""] * batch.count
+    def infer(self, batch: Prompts) -> list[Answer]:
+        answers: list[Answer | None] = [None] * batch.count
         for bucket in batch.buckets:
-            for row, text in zip(bucket.rows, self._generate(bucket), strict=True):
-                texts[row] = text
-        return texts
+            for row, answer in zip(bucket.rows, self._generate(bucket), strict=True):
+                answers[row] = answer
+        return [answer for answer in answers if answer is not None]
 
-    def postprocess(self, outputs: list[str]) -> list[dict[str, Tensor]]:
-        return [{TEXT_OUTPUT.name: Tensor(BYTES, (1,), [text.encode()])} for text in outputs]
+    def postprocess(self, outputs: list[Answer]) -> list[dict[str, Tensor]]:
+        return [answer.outputs() for answer in outputs]
 
     def example_item(self) -> Item:
         return {TEXT_INPUT.name: Tensor(BYTES, (1,), [WARMUP_PROMPT.encode()])}
@@ -152,7 +175,7 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
     def _request(self, item: Item) -> Request:
         # The cheap checks first: a refused item costs no tokenizing.
         prompt = _string(require_input(item, self.inputs[TEXT_INPUT.name]), TEXT_INPUT.name)
-        max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_NEW_TOKENS))
+        max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_TOKENS))
         temperature = self._setting(item, TEMPERATURE, 0.0)
         stop: tuple[str, ...] = ()
         if STOP.name in item:
@@ -192,7 +215,7 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
             mask[index, width - len(request.prompt_ids) :] = 1
         return Bucket(rows, requests, input_ids.to(self.device), mask.to(self.device))
 
-    def _generate(self, bucket: Bucket) -> list[str]:
+    def _generate(self, bucket: Bucket) -> list[Answer]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         requests = bucket.requests
@@ -223,13 +246,26 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
             for row_ids, request in zip(output, requests, strict=True)
         ]
 
-    def _finish(self, new_ids: list[int], request: Request) -> str:
-        """The row's text: its own token limit, end of sequence and first stop string applied."""
-        new_ids = new_ids[: request.max_new_tokens]
-        if self.eos_id is not None and self.eos_id in new_ids:
-            new_ids = new_ids[: new_ids.index(self.eos_id)]
-        text: str = self.tokenizer.decode(new_ids, skip_special_tokens=True)
-        return _cut_at_stop(text, request.stop)
+    def _finish(self, new_ids: list[int], request: Request) -> Answer:
+        """The row's answer: its own token limit, end of sequence and first stop string
+        applied, and which of them ended it."""
+        return finish(self.tokenizer, self.eos_id, new_ids, request)
+
+
+def finish(tokenizer: Any, eos_id: int | None, new_ids: list[int], request: Request) -> Answer:
+    """A prompt's answer from the tokens generated for it, however many past its end: its
+    token limit, end of sequence and first stop string applied, and which of them ended it.
+    A stop string ends the answer before the limit does; the end-of-sequence token is not
+    counted in, nor shown."""
+    new_ids = new_ids[: request.max_new_tokens]
+    reason = generation.LENGTH
+    if eos_id is not None and eos_id in new_ids:
+        new_ids, reason = new_ids[: new_ids.index(eos_id)], generation.EOS_TOKEN
+    text: str = tokenizer.decode(new_ids, skip_special_tokens=True)
+    cut = _cut_at_stop(text, request.stop)
+    if len(cut) < len(text):
+        reason = generation.STOP_SEQUENCE
+    return Answer(cut, reason, len(request.prompt_ids), len(new_ids))
 
 
 class _RowTemperature:
@@ -285,6 +321,10 @@ class _RowStop:
 def _bucket(length: int) -> int:
     """The power of two at or above `length`: prompts in one bucket pad at most to double."""
     return 1 << (length - 1).bit_length()
+
+
+def _count(value: int) -> Tensor:
+    return Tensor("INT32", (1,), np.array([value], dtype="<i4").tobytes())
 
 
 def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:

@@ -158,12 +158,14 @@ async def v2_generate(request: web.Request) -> web.StreamResponse:
     generate_request = oip_generate.parse_request(body, dataplane.metadata())
     answer_limit = request.app[SIDECAR].config.max_answer_bytes
     response = await dataplane.generate(generate_request, timeout_ms, arrived_at, answer_limit)
-    encoded = oip_generate.encode_response
-    return await send_answer(request, response.held, lambda: _json_parts(encoded(response)))
+    encoded, extra = oip_generate.encode_response, oip_generate.answer_headers(generate_request)
+    return await send_answer(request, response.held, lambda: _json_parts(encoded(response), extra))
 
 
-def _json_parts(body: bytes) -> tuple[list[bytes], dict[str, str]]:
-    return [body], {"Content-Type": "application/json"}
+def _json_parts(
+    body: bytes, extra: dict[str, str] | None = None
+) -> tuple[list[bytes], dict[str, str]]:
+    return [body], {"Content-Type": "application/json", **(extra or {})}
 
 
 async def live(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ from pydantic import Field, WithJsonSchema
 # pydantic needs typing_extensions' TypedDict before Python 3.12.
 from typing_extensions import TypedDict
 
+from carpool.contract.generation import FINISH_REASONS
 from carpool.contract.wire import DATATYPES
 
 Datatype = Annotated[str, WithJsonSchema({"enum": sorted(DATATYPES)})]
@@ -142,8 +143,14 @@ class GenerationParameters(TypedDict):
     """Generation settings, sent to the model's inputs of the same names, and the request's
     priority and deadline; unknown keys are ignored."""
 
+    max_tokens: NotRequired[
+        Annotated[int, Field(ge=1, description="Tokens to generate at most (default 20).")]
+    ]
     max_new_tokens: NotRequired[
-        Annotated[int, Field(ge=1, description="Tokens to generate at most (default 32).")]
+        Annotated[
+            int,
+            Field(ge=1, description="Deprecated name of max_tokens.", deprecated=True),
+        ]
     ]
     temperature: NotRequired[
         Annotated[float, Field(ge=0, description="0 (default): greedy; above 0: sampling.")]
@@ -167,3 +174,16 @@ class GenerationResponse(TypedDict):
     model_name: str
     model_version: str
     text_output: Annotated[str, Field(description="The generated text, without the prompt.")]
+    finish_reason: NotRequired[
+        Annotated[
+            str,
+            Field(
+                description="Why the text ended: its token limit, end of sequence, a stop string.",
+                json_schema_extra={"enum": list(FINISH_REASONS)},
+            ),
+        ]
+    ]
+    prompt_tokens: NotRequired[Annotated[int, Field(ge=0, description="Tokens of the prompt.")]]
+    generated_tokens: NotRequired[
+        Annotated[int, Field(ge=0, description="Tokens generated for the text.")]
+    ]

@@ -150,7 +150,9 @@ class DataPlane:
         (output,) = _output_of_items(TEXT_OUTPUT, results)
         held = self.answers.hold(_answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
         try:
-            return GenerateResponse(self.model_name, generation.text_of(output), held)
+            ending = generation.ending_of(results[0].outputs or {})
+            text = generation.text_of(output)
+            return GenerateResponse(self.model_name, text, ending, held)
         except BaseException:
             held.release()
             raise
