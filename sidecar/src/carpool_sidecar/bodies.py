@@ -63,7 +63,9 @@ class ModelReady(TypedDict):
     ready: bool
 
 
-Priority = Annotated[int, Field(description="Higher is served first.")]
+Priority = Annotated[
+    int, Field(ge=0, description="Level 1 is served first, then 2, ...; 0 (default) last.")
+]
 TimeoutUs = Annotated[
     float,
     Field(
