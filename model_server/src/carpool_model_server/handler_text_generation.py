@@ -9,6 +9,13 @@ short prompt never pads to a long one. Settings are per item: a row stops at its
 when it runs alone. Each answer says why it ended (`finish_reason`, as the generate extension
 names the reasons) and how many tokens its prompt and its answer took.
 
+`--handler-options batching=continuous` runs greedy requests (temperature 0) through an
+iteration-level batching loop instead (`continuous.TokenLoop`, transformers' continuous
+batching with a paged KV cache of `cache_tokens` tokens, 16 sequences' worth of the context
+by default): requests join and leave the running batch at every token, and the model server
+streams each one's tokens as they come (`stream`). Sampled requests and batches sent as
+batches (`/infer`) keep the static way.
+
 What one item may ask is bounded in the metadata, from the loaded model's context, so the
 sidecar refuses the rest before queueing: the prompt's bytes (PROMPT_BYTES_PER_TOKEN per
 token of context: tokenizing a longer one would only end in "too long", after holding the
@@ -20,9 +27,9 @@ in float32 after subtracting their maximum, so even a subnormal temperature give
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -33,6 +40,7 @@ from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.errors import InvalidItem
 from carpool_model_server.handler import (
     Handler,
+    HandlerSettings,
     Prepared,
     check_limits,
     require_input,
@@ -63,6 +71,12 @@ FINISH_REASON = TensorSpec(generation.FINISH_REASON, BYTES, (1,))
 PROMPT_TOKENS = TensorSpec(generation.PROMPT_TOKENS, "INT32", (1,))
 GENERATED_TOKENS = TensorSpec(generation.GENERATED_TOKENS, "INT32", (1,))
 WARMUP_PROMPT = "carpool warms up the model"
+BATCHING = ("static", "continuous")
+# The paged cache holds this many sequences of the model's full context, by default.
+CACHE_SEQUENCES = 16
+
+if TYPE_CHECKING:
+    from carpool_model_server.continuous import LoopState, Piece, TokenLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +136,18 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         outputs=(TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, GENERATED_TOKENS),
         pads_variable_dims=True,
     )
+    options: ClassVar[frozenset[str]] = frozenset({"batching", "cache_tokens"})
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        super().__init__(settings)
+        self.batching = settings.options.get("batching", "static")
+        if self.batching not in BATCHING:
+            raise ValueError(f"option batching={self.batching!r}: use one of {BATCHING}")
+        cache = settings.options.get("cache_tokens", "0")
+        if not cache.isdigit():
+            raise ValueError(f"option cache_tokens={cache!r}: use a whole number of tokens")
+        self.cache_tokens = int(cache)  # 0: CACHE_SEQUENCES full contexts
+        self.loop: TokenLoop | None = None
 
     def load(self, device: torch.device) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -140,6 +166,38 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.metadata = _bounded(self.metadata, self.context)
         self.inputs = {spec.name: spec for spec in self.metadata.inputs}
+        if self.batching == "continuous":
+            self._start_loop()
+
+    def _start_loop(self) -> None:
+        from carpool_model_server.continuous import TokenLoop
+
+        self.loop = TokenLoop(
+            self.model,
+            self.tokenizer,
+            self.eos_id,
+            self.pad_id,
+            max_sequences=self.settings.max_batch_size,
+            cache_tokens=self.cache_tokens or CACHE_SEQUENCES * min(self.context, 1 << 16),
+        )
+        self.loop.warm_up(self.tokenizer(WARMUP_PROMPT)["input_ids"], 4)
+        self.metadata = dataclasses.replace(self.metadata, streams_tokens=True)
+
+    def stream(self, item: Item) -> AsyncGenerator[Piece, None] | None:
+        """The item's answer as it is generated, through the token loop; None when the item
+        takes the static way (sampling, or no loop). InvalidItem for an item it refuses."""
+        request = self._request(item)
+        if self.loop is None or request.temperature > 0:
+            return None
+        return self.loop.generate(request)
+
+    def loop_state(self) -> LoopState | None:
+        return None if self.loop is None else self.loop.state()
+
+    def close(self) -> None:
+        """Stop the token loop's thread, if one runs."""
+        if self.loop is not None:
+            self.loop.stop()
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[Prompts]:
         requests, rejected = split_valid(items, self._request)
@@ -262,7 +320,7 @@ def finish(tokenizer: Any, eos_id: int | None, new_ids: list[int], request: Requ
     if eos_id is not None and eos_id in new_ids:
         new_ids, reason = new_ids[: new_ids.index(eos_id)], generation.EOS_TOKEN
     text: str = tokenizer.decode(new_ids, skip_special_tokens=True)
-    cut = _cut_at_stop(text, request.stop)
+    cut = cut_at_stop(text, request.stop)
     if len(cut) < len(text):
         reason = generation.STOP_SEQUENCE
     return Answer(cut, reason, len(request.prompt_ids), len(new_ids))
@@ -327,7 +385,7 @@ def _count(value: int) -> Tensor:
     return Tensor("INT32", (1,), np.array([value], dtype="<i4").tobytes())
 
 
-def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     cuts = [index for index in (text.find(s) for s in stop) if index >= 0]
     return text[: min(cuts)] if cuts else text
 

@@ -97,6 +97,10 @@ class Metadata:
     # The sidecar then batches such items together, grouped by length; otherwise it batches
     # only numeric items of identical shape.
     pads_variable_dims: bool = False
+    # True when the model server batches generation itself, token by token, and answers a
+    # stream frame (`frames.STREAM`) with the tokens as they come: the sidecar then sends
+    # each generate request on its own, without waiting for company.
+    streams_tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +117,7 @@ class ModelMetadata(Metadata):
             inputs=declared.inputs,
             outputs=declared.outputs,
             pads_variable_dims=declared.pads_variable_dims,
+            streams_tokens=declared.streams_tokens,
             name=name,
             max_batch_size=max_batch_size,
         )
@@ -132,6 +137,7 @@ class ModelMetadata(Metadata):
             "outputs": [_encode_spec(spec) for spec in self.outputs],
             "max_batch_size": self.max_batch_size,
             "pads_variable_dims": self.pads_variable_dims,
+            "streams_tokens": self.streams_tokens,
         }
 
     @classmethod
@@ -144,7 +150,8 @@ class ModelMetadata(Metadata):
                 inputs=tuple(_decode_spec(raw) for raw in document["inputs"]),
                 outputs=tuple(_decode_spec(raw) for raw in document["outputs"]),
                 max_batch_size=int(document["max_batch_size"]),
-                pads_variable_dims=_flag(document.get("pads_variable_dims", False)),
+                pads_variable_dims=_flag(document, "pads_variable_dims"),
+                streams_tokens=_flag(document, "streams_tokens"),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise MetadataError(f"model server metadata is malformed: {error!r}") from error
@@ -203,7 +210,9 @@ def _bound(name: str, raw: Any) -> float:
     return raw
 
 
-def _flag(raw: Any) -> bool:
+def _flag(document: Any, name: str) -> bool:
+    """An optional flag of the document, False when absent (older model servers)."""
+    raw = document.get(name, False)
     if not isinstance(raw, bool):
-        raise ValueError(f"pads_variable_dims must be true or false, got {raw!r}")
+        raise ValueError(f"{name} must be true or false, got {raw!r}")
     return raw
