@@ -189,3 +189,21 @@ class GenerationResponse(TypedDict):
     generated_tokens: NotRequired[
         Annotated[int, Field(ge=0, description="Tokens generated for the text.")]
     ]
+
+
+class GenerationStreamEvent(TypedDict):
+    """One Server-Sent Event of `generate_stream` (its `data:`): the text's next piece; the
+    last event has `done` true and says how the answer ended."""
+
+    text_output: Annotated[str, Field(description="The next piece of the generated text.")]
+    model_name: str
+    model_version: str
+    done: Annotated[bool, Field(description="True on the last event only.")]
+    finish_reason: NotRequired[
+        Annotated[str, Field(json_schema_extra={"enum": list(FINISH_REASONS)})]
+    ]
+    prompt_tokens: NotRequired[Annotated[int, Field(ge=0)]]
+    generated_tokens: NotRequired[Annotated[int, Field(ge=0)]]
+    error: NotRequired[
+        Annotated[str, Field(description="Why the answer broke off; the last event then.")]
+    ]

@@ -35,6 +35,7 @@ from carpool_sidecar import counting, generation
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.inference import MODEL_VERSION
 from carpool_sidecar.oip import decode, integer_parameter, scalar_parameters, timeout_parameter
+from carpool_sidecar.streaming import Piece
 
 log = logging.getLogger(__name__)
 NOT_STOP_STRINGS = f"parameter {STOP!r} must be a string or a list of strings"
@@ -78,6 +79,18 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
         timeout_ms=timeout_parameter(parameters),
         deprecations=deprecations,
     )
+
+
+def encode_event(model_name: str, piece: Piece) -> bytes:
+    """One Server-Sent Event of `generate_stream`: a piece of text, or the last one."""
+    document = answer_document(model_name, piece.text, piece.final)
+    document["done"] = piece.final is not None
+    return b"data: " + orjson.dumps(document) + b"\n\n"
+
+
+def encode_error_event(message: str) -> bytes:
+    """The last event of a stream that broke off after its first piece."""
+    return b"data: " + orjson.dumps({"error": message}) + b"\n\n"
 
 
 def answer_headers(request: GenerateRequest) -> dict[str, str]:
