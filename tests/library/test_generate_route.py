@@ -298,3 +298,17 @@ def test_carpool_serve_answers_generate_as_documented(pair: Pair, tiny_lm_path: 
     with urllib.request.urlopen(alone, timeout=30) as reply:
         expected = orjson.loads(reply.read())
     assert served == {**expected, "model_name": "text-generation"}
+
+
+async def test_a_model_that_does_not_stream_tokens_streams_one_piece(pair: Pair) -> None:
+    body = orjson.dumps(request("a red house by the river", max_tokens=6))
+    url = pair.sidecar.url + f"/v2/models/{MODEL}/generate_stream"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=body) as reply:
+            assert reply.status == 200
+            assert reply.headers["Content-Type"] == "text/event-stream"
+            events = (await reply.read()).split(b"\n\n")
+        _, whole = await post(http, pair.sidecar, orjson.loads(body))
+    assert events[1:] == [b""]
+    (event,) = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:1]]
+    assert event == {**whole, "done": True}
