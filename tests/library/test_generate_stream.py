@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.model_server import ModelServer, http_get
 from support.sidecar import Pair, Sidecar, metric, run_pair, wait_for
 
+import carpool
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_generation import TextGenerationHandler
 
@@ -158,3 +159,22 @@ async def test_sampled_requests_take_the_static_way_in_one_piece(pair: Pair) -> 
         )
     assert status == 200 and len(events) == 1 and events[0]["done"]
     assert events[0]["generated_tokens"] <= 8
+
+
+async def test_the_library_reads_a_stream_as_an_async_iterator(pair: Pair) -> None:
+    prompt = "a red house by the river"
+    async with aiohttp.ClientSession() as http:
+        events = [
+            event
+            async for event in carpool.generate_stream(
+                http, pair.sidecar.url, MODEL, prompt, max_tokens=12
+            )
+        ]
+        _, whole = await post(http, pair.sidecar, request(prompt, max_tokens=12))
+        with pytest.raises(carpool.StreamError) as refused:
+            async for _ in carpool.generate_stream(http, pair.sidecar.url, MODEL, "x", stop=5):
+                pass
+    assert "".join(event.text for event in events) == whole["text_output"]
+    assert [event.done for event in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1].generated_tokens == whole["generated_tokens"] == 12
+    assert refused.value.status == 400 and "stop" in refused.value.message
