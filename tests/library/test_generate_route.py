@@ -312,3 +312,14 @@ async def test_a_model_that_does_not_stream_tokens_streams_one_piece(pair: Pair)
     assert events[1:] == [b""]
     (event,) = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:1]]
     assert event == {**whole, "done": True}
+
+
+async def test_a_seed_gives_a_sampled_answer_again(pair: Pair) -> None:
+    sampled = request("the moon", max_tokens=20, temperature=2.0, seed=7)
+    async with aiohttp.ClientSession() as http:
+        answers = await asyncio.gather(*(post(http, pair.sidecar, sampled) for _ in range(3)))
+        other = await post(http, pair.sidecar, {**sampled, "parameters": {"seed": 8}})
+        _, refused = await post(http, pair.sidecar, request("the moon", seed=-1))
+    assert [status for status, _ in answers] == [200] * 3
+    assert len({answer["text_output"] for _, answer in answers}) == 1
+    assert other[0] == 200 and "'seed'" in refused["error"]

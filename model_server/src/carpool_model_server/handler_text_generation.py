@@ -6,8 +6,9 @@ batch is split into power-of-two prompt-length buckets, one `model.generate` cal
 short prompt never pads to a long one. Settings are per item: a row stops at its own
 `max_new_tokens`, end-of-sequence token or stop string, while the rest of its bucket goes on;
 `temperature` 0 is greedy. With greedy decoding every prompt gets exactly the tokens it gets
-when it runs alone. Each answer says why it ended (`finish_reason`, as the generate extension
-names the reasons) and how many tokens its prompt and its answer took.
+when it runs alone; a sampled one with a `seed` gets the same text whatever its batch. Each
+answer says why it ended (`finish_reason`, as the generate extension names the reasons) and
+how many tokens its prompt and its answer took.
 
 `--handler-options batching=continuous` runs greedy requests (temperature 0) through an
 iteration-level batching loop instead (`continuous.TokenLoop`, transformers' continuous
@@ -63,6 +64,8 @@ _STOP_WINDOW = MAX_STOP_BYTES + 8  # tokens
 TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,), max_element_bytes=MAX_PROMPT_BYTES)
 MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,), minimum=1)
 TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,), minimum=0, maximum=MAX_TEMPERATURE)
+# -1: no seed. INT32: a seed is any whole number a client writes, and a float32 bound holds it.
+SEED = TensorSpec(generation.SEED, "INT32", (1,), minimum=-1, maximum=2**31 - 1, optional=True)
 STOP = TensorSpec(
     generation.STOP, BYTES, (-1,), max_elements=MAX_STOP_STRINGS, max_element_bytes=MAX_STOP_BYTES
 )
@@ -87,6 +90,7 @@ class Request:
     max_new_tokens: int
     temperature: float  # 0: greedy
     stop: tuple[str, ...]
+    seed: int | None = None  # of a sampled request's draws; None: any
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +136,7 @@ class Prompts:
 class TextGenerationHandler(Handler[Prompts, list[Answer]]):
     metadata = Metadata(
         platform="pytorch_transformers",
-        inputs=(TEXT_INPUT, MAX_NEW_TOKENS, TEMPERATURE, STOP),
+        inputs=(TEXT_INPUT, MAX_NEW_TOKENS, TEMPERATURE, STOP, SEED),
         outputs=(TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, GENERATED_TOKENS),
         pads_variable_dims=True,
     )
@@ -235,6 +239,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         prompt = _string(require_input(item, self.inputs[TEXT_INPUT.name]), TEXT_INPUT.name)
         max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_TOKENS))
         temperature = self._setting(item, TEMPERATURE, 0.0)
+        seed = int(self._setting(item, SEED, -1))
         stop: tuple[str, ...] = ()
         if STOP.name in item:
             tensor = item[STOP.name]
@@ -251,7 +256,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
                 f"prompt of {len(prompt_ids)} tokens plus {max_new} new tokens exceeds the "
                 f"model's context of {self.context}"
             )
-        return Request(prompt_ids, max_new, temperature, stop)
+        return Request(prompt_ids, max_new, temperature, stop, None if seed < 0 else seed)
 
     def _setting(self, item: Item, spec: TensorSpec, default: float) -> float:
         """A one-number setting of the item, within its declared range, or the default."""
@@ -278,19 +283,17 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
 
         requests = bucket.requests
         width = bucket.input_ids.shape[1]
-        sampling = any(request.temperature > 0 for request in requests)
-        # Only our own per-row temperature shapes the sampled distribution.
-        shaping = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampling else {}
+        # Sampled rows draw their token in _RowSampling, each from its own generator, and
+        # leave only it: `generate` itself decodes greedily.
         config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=max(request.max_new_tokens for request in requests),
-            do_sample=sampling,
+            do_sample=False,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_id,
-            **shaping,
         )
         processors = LogitsProcessorList()
-        if sampling:
-            processors.append(_RowTemperature([r.temperature for r in requests], self.device))
+        if any(request.temperature > 0 for request in requests):
+            processors.append(_RowSampling(requests, self.device))
         stopping = StoppingCriteriaList([_RowStop(requests, width, self.tokenizer, self.device)])
         output = self.model.generate(
             input_ids=bucket.input_ids,
@@ -326,27 +329,38 @@ def finish(tokenizer: Any, eos_id: int | None, new_ids: list[int], request: Requ
     return Answer(cut, reason, len(request.prompt_ids), len(new_ids))
 
 
-class _RowTemperature:
-    """Divides each row's logits by its own temperature; a greedy row (0) keeps only its
-    argmax, so sampling it gives exactly the greedy token.
+class _RowSampling:
+    """Picks each row's next token and leaves only it: the argmax for a greedy row (0), a
+    draw at the row's own temperature from the row's own generator otherwise, seeded with
+    the request's seed (or from torch's global one). A seeded request so gets the same text
+    whatever shares its batch.
 
     The logits are shifted so that their maximum is 0 before the division, in float32: the
     quotients are then at most 0, never infinite at the top, and softmax gets no `inf - inf`
     however small the temperature (a tiny one leaves only the argmax, as greedy does).
     """
 
-    def __init__(self, temperatures: list[float], device: torch.device) -> None:
-        values = torch.tensor(temperatures, dtype=torch.float32, device=device)
-        self.greedy = values == 0
-        self.divisor = torch.where(self.greedy, torch.ones_like(values), values).unsqueeze(1)
+    def __init__(self, requests: list[Request], device: torch.device) -> None:
+        values = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
+        self.greedy = (values == 0).to(device)
+        self.divisor = torch.where(values == 0, torch.ones_like(values), values).unsqueeze(1)
+        self.divisor = self.divisor.to(device)
+        self.generators: dict[int, torch.Generator] = {}
+        for row, request in enumerate(requests):
+            if request.temperature > 0:
+                seed = request.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, ()))
+                self.generators[row] = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float()
         top = logits.max(dim=-1, keepdim=True).values
-        scaled = (logits - top) / self.divisor
-        best = scores.argmax(dim=-1, keepdim=True)
-        one_hot = torch.full_like(scaled, -torch.inf).scatter(1, best, 0.0)
-        return torch.where(self.greedy.unsqueeze(1), one_hot, scaled)
+        probabilities = torch.softmax((logits - top) / self.divisor, dim=-1)
+        chosen = scores.argmax(dim=-1, keepdim=True)
+        for row, generator in self.generators.items():
+            chosen[row] = torch.multinomial(probabilities[row], 1, generator=generator)
+        return torch.full_like(logits, -torch.inf).scatter(1, chosen, 0.0)
 
 
 class _RowStop:

@@ -163,6 +163,12 @@ class GenerationParameters(TypedDict):
             Field(description="Stop strings: the output ends before the first one."),
         ]
     ]
+    seed: NotRequired[
+        Annotated[
+            int,
+            Field(ge=0, description="Seed of a sampled answer's draws: the same text each time."),
+        ]
+    ]
     priority: NotRequired[Priority]
     timeout: NotRequired[TimeoutUs]
 

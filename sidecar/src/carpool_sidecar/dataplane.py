@@ -256,7 +256,7 @@ def _check_inputs(inputs: Sequence[RequestTensor], metadata: ModelMetadata) -> i
     given = {tensor.name for tensor in inputs}
     if len(given) != len(inputs):
         raise BadRequest("an input name appears twice")
-    missing = [spec.name for spec in metadata.inputs if spec.name not in given]
+    missing = [s.name for s in metadata.inputs if s.name not in given and not s.optional]
     if missing:
         raise BadRequest(f"missing inputs {missing}; the model takes {_names(metadata.inputs)}")
     count = inputs[0].items
@@ -364,10 +364,13 @@ def _batch_key(
     items also group by their `max_new_tokens` bucket (`generation.settings_bucket`).
     """
     by_name = {tensor.name: tensor for tensor in inputs}
-    signature = []
+    signature: list[tuple[str, str | None, tuple[int, ...]]] = []
     lengths: npt.NDArray[np.int64] | None = None
     for spec in metadata.inputs:
-        tensor = by_name[spec.name]
+        tensor = by_name.get(spec.name)
+        if tensor is None:  # an optional input left out
+            signature.append((spec.name, None, ()))
+            continue
         item_shape = tensor.shape[1:]
         padded = spec.variable and (isinstance(tensor.data, list) or metadata.pads_variable_dims)
         signature.append((spec.name, spec.datatype, spec.shape if padded else item_shape))

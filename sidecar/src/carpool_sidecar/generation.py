@@ -20,6 +20,7 @@ from carpool.contract.generation import (
     GENERATED_TOKENS,
     MAX_NEW_TOKENS,
     PROMPT_TOKENS,
+    SEED,
     STOP,
     TEMPERATURE,
     TEXT_INPUT,
@@ -39,6 +40,7 @@ class GenerateRequest:
     max_tokens: int | None = None
     temperature: float | None = None  # 0: greedy
     stop: tuple[str, ...] | None = None
+    seed: int | None = None  # of a sampled answer's draws
     priority: int = 0
     # The caller's own deadline; only ever shortens the configured timeout.
     timeout_ms: float | None = None
@@ -73,6 +75,7 @@ def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[Requ
         (TEMPERATURE, request.temperature, 0.0),
         # An empty stop string stops nothing; one element keeps the item's shape [1].
         (STOP, request.stop or None, ("",)),
+        (SEED, request.seed, -1),  # -1: none
     ]
     inputs = [_tensor(TEXT_INPUT, BYTES, [request.text_input])]
     for name, value, default in given:

@@ -23,6 +23,7 @@ from carpool.contract.generation import (
     MAX_NEW_TOKENS,
     MAX_TOKENS,
     PROMPT_TOKENS,
+    SEED,
     STOP,
     TEMPERATURE,
     TEXT_INPUT,
@@ -46,6 +47,7 @@ class _Parameters(msgspec.Struct):
     max_tokens: msgspec.Raw = msgspec.Raw()
     max_new_tokens: msgspec.Raw = msgspec.Raw()  # deprecated
     temperature: msgspec.Raw = msgspec.Raw()
+    seed: msgspec.Raw = msgspec.Raw()
     priority: msgspec.Raw = msgspec.Raw()
     timeout: msgspec.Raw = msgspec.Raw()
     # Kept as text: its strings are counted before they are decoded.
@@ -75,6 +77,7 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
         max_tokens=max_tokens,
         temperature=_temperature(parameters.get(TEMPERATURE)),
         stop=_stop(raw.stop, metadata),
+        seed=_seed(parameters.get(SEED)),
         priority=integer_parameter(parameters, "priority", 0),
         timeout_ms=timeout_parameter(parameters),
         deprecations=deprecations,
@@ -134,6 +137,14 @@ def _max_tokens(parameters: dict[str, Any]) -> tuple[int | None, tuple[str, ...]
     log.info("a generate request used %s", DEPRECATED_MAX_NEW_TOKENS)
     count = _token_count(MAX_NEW_TOKENS, parameters[MAX_NEW_TOKENS])
     return count, (DEPRECATED_MAX_NEW_TOKENS,)
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"parameter {SEED!r} must be an integer >= 0, got {value!r}")
+    return value
 
 
 def _token_count(name: str, value: Any) -> int | None:

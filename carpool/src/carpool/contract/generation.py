@@ -16,6 +16,7 @@ MAX_TOKENS: Final = "max_tokens"
 MAX_NEW_TOKENS: Final = "max_new_tokens"
 TEMPERATURE: Final = "temperature"
 STOP: Final = "stop"
+SEED: Final = "seed"
 # Optional outputs: why the answer ended (one of FINISH_REASONS) and its token counts.
 FINISH_REASON: Final = "finish_reason"
 PROMPT_TOKENS: Final = "prompt_tokens"

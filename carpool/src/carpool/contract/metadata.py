@@ -30,6 +30,7 @@ class TensorSpec:
     element; `minimum` and `maximum` bound the value of each element of a numeric input
     (inclusive), to what the model can compute with. The sidecar refuses a request that
     exceeds any of them (400) before it queues it; the model server refuses such an item too.
+    An `optional` input may be left out of a request (the handler has a default for it).
     """
 
     name: str
@@ -39,6 +40,7 @@ class TensorSpec:
     max_element_bytes: int | None = None
     minimum: float | None = None
     maximum: float | None = None
+    optional: bool = False
 
     @property
     def variable(self) -> bool:
@@ -184,6 +186,8 @@ def _encode_spec(spec: TensorSpec) -> dict[str, Any]:
     for limit in (*LIMITS, *BOUNDS):
         if (value := getattr(spec, limit)) is not None:
             document[limit] = value
+    if spec.optional:
+        document["optional"] = True
     return document
 
 
@@ -195,7 +199,8 @@ def _decode_spec(raw: Any) -> TensorSpec:
     limits |= {bound: _bound(bound, raw[bound]) for bound in BOUNDS if bound in raw}
     if datatype == BYTES and set(limits) & set(BOUNDS):
         raise ValueError(f"a BYTES input has no {' or '.join(BOUNDS)}")
-    return TensorSpec(str(raw["name"]), datatype, tuple(int(dim) for dim in raw["shape"]), **limits)
+    shape = tuple(int(dim) for dim in raw["shape"])
+    return TensorSpec(str(raw["name"]), datatype, shape, **limits, optional=_flag(raw, "optional"))
 
 
 def _limit(name: str, raw: Any) -> int:
