@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -204,7 +205,8 @@ def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any) 
     static_rate = statistics.median(run.rate for run in runs["static"])
     print(
         f"{args.requests} requests, {args.clients} clients, GPT-2 {args.layers}x{args.width}, "
-        f"torch threads {args.torch_threads}, {args.rounds} rounds (medians)"
+        f"torch threads {args.torch_threads}, {args.rounds} rounds (medians); "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[1]:.1f} (5 min)"
     )
     print("| variant | tokens/s | vs static | TTFT p50 s | lone TTFT s | texts = generate |")
     print("|---|---|---|---|---|---|")
