@@ -217,6 +217,8 @@ class DataPlane:
     ) -> AsyncGenerator[Piece, None]:
         """The request as one stream frame, once it has a place in the running batch."""
         assert self.streams is not None
+        if self.batcher.draining:  # as the batcher refuses new requests once it drains
+            raise Unavailable("the sidecar is shutting down")
         item = RequestItems(inputs, _check_inputs(inputs, metadata))[0]
         limits = (metadata.max_batch_size, self.batcher.bounds.max_items, answer_limit)
         return self.streams.run(item, self.model_name, priority, limits, arrived_at, deadline)
