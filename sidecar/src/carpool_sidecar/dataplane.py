@@ -142,6 +142,43 @@ class DataPlane:
             raise
         return InferResponse(self.model_name, request.id, outputs, binary, held)
 
+    async def infer_stream(
+        self,
+        request: InferRequest,
+        header_timeout_ms: float | None,
+        arrived_at: float,
+        answer_limit: int,
+    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+        """`infer`, answered piece by piece where the model streams tokens and the request
+        is one prompt: (response, whether it is the last). The pieces' `text_output` joined
+        is the text; the last also holds the model's other outputs asked for."""
+        metadata = self.metadata()
+        inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
+        if not (metadata.streams_tokens and self.streams is not None and inputs[0].items == 1):
+            response = await self.infer(request, header_timeout_ms, arrived_at, answer_limit)
+            try:
+                yield response, True
+            finally:
+                if response.held is not None:
+                    response.held.release()
+            return
+        names = _output_names(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        pieces = self._streamed(
+            inputs, metadata, request.priority, arrived_at, deadline, answer_limit
+        )
+        try:
+            async for piece in pieces:
+                outputs = [RequestTensor(TEXT_OUTPUT, BYTES, (1, 1), [piece.text.encode()])]
+                if piece.final is not None:
+                    outputs += generation.ending_tensors(piece.final.ending)
+                shown = [tensor for tensor in outputs if tensor.name in names]
+                binary = _binary_outputs(request, [tensor.name for tensor in shown])
+                response = InferResponse(self.model_name, request.id, shown, binary)
+                yield response, piece.final is not None
+        finally:
+            await pieces.aclose()
+
     async def generate(
         self,
         request: GenerateRequest,

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from carpool.contract.generation import (
     DEFAULT_MAX_TOKENS,
     FINISH_REASON,
@@ -141,6 +143,21 @@ def ending_of(outputs: Mapping[str, Tensor]) -> Ending:
         _count_of(outputs.get(PROMPT_TOKENS), PROMPT_TOKENS),
         _count_of(outputs.get(GENERATED_TOKENS), GENERATED_TOKENS),
     )
+
+
+def ending_tensors(ending: Ending) -> list[RequestTensor]:
+    """How an answer of one item ended, as the outputs of that name it has, each [1, 1]."""
+    tensors = []
+    if ending.finish_reason is not None:
+        reason = [ending.finish_reason.encode()]
+        tensors.append(RequestTensor(FINISH_REASON, BYTES, (1, 1), reason))
+    for name, count in (
+        (PROMPT_TOKENS, ending.prompt_tokens),
+        (GENERATED_TOKENS, ending.generated_tokens),
+    ):
+        if count is not None:
+            tensors.append(RequestTensor(name, "INT32", (1, 1), np.array([count], np.int32)))
+    return tensors
 
 
 def _count_of(output: Tensor | None, name: str) -> int | None:
