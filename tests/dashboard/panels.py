@@ -16,6 +16,16 @@ DASHBOARD = REPO / "dashboards" / "carpool.json"
 
 # Panels that only have data on a CUDA model server.
 CUDA_ONLY = frozenset({"GPU memory"})
+# Panels with data only from a model that generates text: test_generation_panels.py runs one.
+GENERATION = frozenset(
+    {
+        "Generated tokens per second",
+        "Time to first token",
+        "Inter-token latency",
+        "Sequences running and waiting",
+        "KV cache use",
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
 from carpool.engine.errors import (
     BadModelResponse,
+    BadRequest,
     DeadlineExceeded,
     PayloadTooLarge,
     QueueFull,
@@ -147,21 +148,30 @@ async def test_large_request_is_split_and_stitched_in_order() -> None:
         assert [len(batch) for batch in h.model.batches] == [4, 4, 2]
 
 
-async def test_priority_then_fifo() -> None:
+async def test_priority_levels_as_triton_then_fifo() -> None:
+    """Level 1 first, then 2, then 5; the default (0, or none) after every level given."""
     async with Harness(max_batch_size=1, max_inflight_batches=1) as h:
         h.model.gate.clear()
         blocker = h.request(0.0)
         await h.model.started.wait()
         tasks = [
             h.request(1.0),
-            h.request(2.0),
+            h.request(2.0, priority=0),
             h.request(3.0, priority=5),
-            h.request(4.0, priority=5),
+            h.request(4.0, priority=2),
+            h.request(5.0, priority=1),
+            h.request(6.0, priority=2),
         ]
         await settle()
         h.model.gate.set()
         await asyncio.gather(blocker, *tasks)
-        assert h.model.batches == [[0.0], [3.0], [4.0], [1.0], [2.0]]
+        assert h.model.batches == [[0.0], [5.0], [4.0], [6.0], [3.0], [1.0], [2.0]]
+
+
+async def test_a_negative_priority_is_refused() -> None:
+    async with Harness() as h:
+        with pytest.raises(BadRequest, match="'priority' must be >= 0"):
+            await h.request(1.0, priority=-1)
 
 
 async def test_queue_full_is_refused_with_retry_after() -> None:

@@ -86,7 +86,7 @@ async def test_deadline_cancellation_priority_and_queue_bound() -> None:
         await asyncio.sleep(0.05)
         low = [asyncio.create_task(echo(f"low{i}")) for i in range(2)]
         await asyncio.sleep(0.01)
-        high = asyncio.create_task(echo("high", priority=5))
+        high = asyncio.create_task(echo("high", priority=1))
         gone = asyncio.create_task(echo("gone"))
         await asyncio.sleep(0.01)
         with pytest.raises(QueueFull):

@@ -67,13 +67,13 @@ def mixed_requests() -> list[dict[str, Any]]:
     requests = []
     for index in range(16):
         prompt = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 40))))
-        parameters: dict[str, Any] = {"max_new_tokens": int(rng.choice([3, 4, 12, 14, 25]))}
+        parameters: dict[str, Any] = {"max_tokens": int(rng.choice([3, 4, 12, 14, 25]))}
         if index % 3 == 0:
             parameters["stop"] = ["sun", "moon"]
         if index % 4 == 1:
             parameters["temperature"] = 0
         if index % 5 == 2:
-            del parameters["max_new_tokens"]  # the default, 32
+            del parameters["max_tokens"]  # the default, 20
         requests.append(request(prompt, **parameters))
     return requests
 
@@ -105,7 +105,7 @@ async def test_concurrent_requests_batch_and_each_gets_what_it_gets_alone(pair: 
             alone.append(answer["text_output"])
         before = batches(sidecar)
         # A sampled neighbour puts its batch on the sampling path; greedy rows must not notice.
-        sampled = request(requests[0]["text_input"], max_new_tokens=14, temperature=1.5)
+        sampled = request(requests[0]["text_input"], max_tokens=14, temperature=1.5)
         answers = await asyncio.gather(*(post(http, sidecar, r) for r in [*requests, sampled]))
     after = batches(sidecar)
     assert [status for status, _ in answers] == [200] * len(answers)
@@ -130,7 +130,7 @@ async def test_short_requests_do_not_share_a_batch_with_long_ones(pair: Pair) ->
         before = batches(sidecar)
         async with aiohttp.ClientSession() as http:
             answers = await asyncio.gather(
-                *(post(http, sidecar, request(prompt, max_new_tokens=n)) for n in limits)
+                *(post(http, sidecar, request(prompt, max_tokens=n)) for n in limits)
             )
         assert [status for status, _ in answers] == [200] * len(limits)
         after = batches(sidecar)
@@ -151,27 +151,66 @@ async def test_infer_and_generate_give_the_same_text(pair: Pair) -> None:
         {"name": "stop", "datatype": "BYTES", "shape": [1, 1], "data": [""]},
     ]
     async with aiohttp.ClientSession() as http:
-        status, generated = await post(http, sidecar, request(prompt, max_new_tokens=9))
+        status, generated = await post(http, sidecar, request(prompt, max_tokens=9))
         assert status == 200, generated
         status, inferred = await post(
             http, sidecar, {"inputs": inputs}, path=f"/v2/models/{MODEL}/infer"
         )
         assert status == 200, inferred
         versioned = f"/v2/models/{MODEL}/versions/1/generate"
-        status, again = await post(http, sidecar, request(prompt, max_new_tokens=9), versioned)
+        status, again = await post(http, sidecar, request(prompt, max_tokens=9), versioned)
     assert inferred["outputs"][0]["data"] == [generated["text_output"]]
     assert status == 200 and again == generated
+
+
+async def test_the_answer_says_why_it_ended_and_counts_tokens(pair: Pair) -> None:
+    sidecar = pair.sidecar
+    prompt = "a red house by the river"
+    async with aiohttp.ClientSession() as http:
+        _, default = await post(http, sidecar, request(prompt))
+        _, short = await post(http, sidecar, request(prompt, max_tokens=3))
+        stop_word = default["text_output"].split()[4]
+        _, stopped = await post(http, sidecar, request(prompt, stop=[stop_word]))
+        # The tiny model ends this one with its end-of-sequence token after 5 tokens.
+        _, ended = await post(http, sidecar, request("the dog ran far away"))
+    # The extension's default limit is 20 tokens.
+    assert (default["finish_reason"], default["generated_tokens"]) == ("length", 20)
+    assert (short["finish_reason"], short["generated_tokens"]) == ("length", 3)
+    assert short["prompt_tokens"] == default["prompt_tokens"] == 6
+    assert stopped["finish_reason"] == "stop_sequence"
+    assert stopped["text_output"] == default["text_output"].split(stop_word)[0]
+    assert (ended["finish_reason"], ended["generated_tokens"]) == ("eos_token", 5)
+    for answer in (default, short, stopped, ended):
+        validator(sidecar, 200).validate(answer)
+
+
+async def test_the_old_max_new_tokens_still_works_with_a_deprecation_warning(pair: Pair) -> None:
+    url = pair.sidecar.url + GENERATE
+    async with aiohttp.ClientSession() as http:
+        old = request("the sky", max_new_tokens=4)
+        async with http.post(url, data=orjson.dumps(old)) as reply:
+            assert reply.status == 200
+            answer = orjson.loads(await reply.read())
+            warning = reply.headers["Warning"]
+        async with http.post(url, data=orjson.dumps(request("the sky", max_tokens=4))) as reply:
+            assert "Warning" not in reply.headers
+            assert orjson.loads(await reply.read())["text_output"] == answer["text_output"]
+        both = request("the sky", max_tokens=4, max_new_tokens=4)
+        async with http.post(url, data=orjson.dumps(both)) as reply:
+            assert reply.status == 400
+    assert answer["generated_tokens"] == 4
+    assert warning.startswith("299 carpool") and "'max_tokens'" in warning
 
 
 @pytest.mark.parametrize(
     "body",
     [
-        request("the sky", max_new_tokens=0),
-        request("the sky", max_new_tokens="many"),
+        request("the sky", max_tokens=0),
+        request("the sky", max_tokens="many"),
         request("the sky", temperature=-1),
         request("the sky", stop=5),
         request("the sky", priority=1.5),
-        request("the " * 250, max_new_tokens=10),  # past the model's context of 256 tokens
+        request("the " * 250, max_tokens=10),  # past the model's context of 256 tokens
         {"parameters": {"max_new_tokens": 3}},
         {"text_input": ["not", "a", "string"]},
         [1, 2],
@@ -190,7 +229,7 @@ async def test_bad_requests_get_400(pair: Pair, body: object) -> None:
     ("body", "words"),
     [
         (request("the " * 5000), "max_element_bytes"),  # 20 kB: 16 bytes per token of context
-        (request("the sky", max_new_tokens=100_000), "outside the model's range [1, 255]"),
+        (request("the sky", max_tokens=100_000), "outside the model's range [1, 255]"),
         (request("the sky", temperature=1e9), "outside the model's range [0, 100]"),
         (request("the sky", stop=["sun"] * 17), "max_elements"),
         (request("the sky", stop=["s" * 257]), "max_element_bytes"),
@@ -208,10 +247,8 @@ async def test_settings_past_the_models_bounds_get_400_before_queueing(
 
 async def test_a_tiny_temperature_is_answered_as_greedy(pair: Pair) -> None:
     async with aiohttp.ClientSession() as http:
-        greedy = await post(http, pair.sidecar, request("the sky", max_new_tokens=8))
-        tiny = await post(
-            http, pair.sidecar, request("the sky", max_new_tokens=8, temperature=1e-38)
-        )
+        greedy = await post(http, pair.sidecar, request("the sky", max_tokens=8))
+        tiny = await post(http, pair.sidecar, request("the sky", max_tokens=8, temperature=1e-38))
     assert greedy[0] == tiny[0] == 200, (greedy, tiny)
     assert tiny[1]["text_output"] == greedy[1]["text_output"]
 
@@ -244,7 +281,7 @@ def test_carpool_serve_answers_generate_as_documented(pair: Pair, tiny_lm_path: 
     command = processes.carpool_command("serve", "--handler", "text-generation")
     command += ["--model-path", str(tiny_lm_path), "--device", "cpu", "--torch-threads", "1"]
     command += ["--port", str(port), "--grpc-port", str(free_port())]
-    body = orjson.dumps(request("the cat sat", max_new_tokens=16, stop=["\n"]))
+    body = orjson.dumps(request("the cat sat", max_tokens=16, stop=["\n"]))
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None
@@ -259,9 +296,30 @@ def test_carpool_serve_answers_generate_as_documented(pair: Pair, tiny_lm_path: 
         process.wait(30)
     alone = urllib.request.Request(pair.sidecar.url + GENERATE, data=body)
     with urllib.request.urlopen(alone, timeout=30) as reply:
-        expected = orjson.loads(reply.read())["text_output"]
-    assert served == {
-        "model_name": "text-generation",
-        "model_version": "1",
-        "text_output": expected,
-    }
+        expected = orjson.loads(reply.read())
+    assert served == {**expected, "model_name": "text-generation"}
+
+
+async def test_a_model_that_does_not_stream_tokens_streams_one_piece(pair: Pair) -> None:
+    body = orjson.dumps(request("a red house by the river", max_tokens=6))
+    url = pair.sidecar.url + f"/v2/models/{MODEL}/generate_stream"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=body) as reply:
+            assert reply.status == 200
+            assert reply.headers["Content-Type"] == "text/event-stream"
+            events = (await reply.read()).split(b"\n\n")
+        _, whole = await post(http, pair.sidecar, orjson.loads(body))
+    assert events[1:] == [b""]
+    (event,) = [orjson.loads(e.removeprefix(b"data: ")) for e in events[:1]]
+    assert event == {**whole, "done": True}
+
+
+async def test_a_seed_gives_a_sampled_answer_again(pair: Pair) -> None:
+    sampled = request("the moon", max_tokens=20, temperature=2.0, seed=7)
+    async with aiohttp.ClientSession() as http:
+        answers = await asyncio.gather(*(post(http, pair.sidecar, sampled) for _ in range(3)))
+        other = await post(http, pair.sidecar, {**sampled, "parameters": {"seed": 8}})
+        _, refused = await post(http, pair.sidecar, request("the moon", seed=-1))
+    assert [status for status, _ in answers] == [200] * 3
+    assert len({answer["text_output"] for _, answer in answers}) == 1
+    assert other[0] == 200 and "'seed'" in refused["error"]

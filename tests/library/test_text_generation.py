@@ -33,6 +33,7 @@ def prompt_item(
     max_new_tokens: int | None = None,
     temperature: float | None = None,
     stop: list[str] | None = None,
+    seed: int | None = None,
 ) -> Item:
     item = {"text_input": Tensor(BYTES, (1,), [prompt.encode()])}
     if max_new_tokens is not None:
@@ -41,6 +42,8 @@ def prompt_item(
         item["temperature"] = Tensor.from_numpy(np.array([temperature], dtype=np.float32))
     if stop is not None:
         item["stop"] = Tensor(BYTES, (len(stop),), [s.encode() for s in stop])
+    if seed is not None:
+        item["seed"] = Tensor.from_numpy(np.array([seed], dtype=np.int32))
     return item
 
 
@@ -128,6 +131,41 @@ def test_each_row_stops_at_its_own_limit_and_stop_string(handler: TextGeneration
     assert cut == free[: free.index(stop_word)]
     assert short == " ".join(free.split()[:3])
     assert full == free
+
+
+def test_each_answer_says_why_it_ended_and_counts_its_tokens(
+    handler: TextGenerationHandler,
+) -> None:
+    prompt = "the dog ran far away"
+    free = generate(handler, [prompt_item(prompt, max_new_tokens=30)])[0]
+    assert isinstance(free, str)
+    items = [
+        prompt_item(prompt, max_new_tokens=30, stop=[free.split()[4]]),
+        prompt_item(prompt, max_new_tokens=3),
+    ]
+    with torch.inference_mode():
+        prepared = handler.preprocess(items)
+        assert prepared.batch is not None
+        answers = handler.infer(prepared.batch)
+    assert [a.finish_reason for a in answers] == ["stop_sequence", "length"]
+    assert [a.prompt_tokens for a in answers] == [5, 5]
+    assert answers[1].generated_tokens == 3
+    outputs = handler.postprocess(answers)[1]
+    assert outputs["finish_reason"].data == [b"length"]
+    assert outputs["generated_tokens"].to_numpy().tolist() == [3]
+
+
+def test_a_seeded_sample_is_the_same_whatever_shares_its_batch(
+    handler: TextGenerationHandler,
+) -> None:
+    def sampled(seed: int) -> Item:
+        return prompt_item("the moon", max_new_tokens=30, temperature=2.0, seed=seed)
+
+    alone = generate(handler, [sampled(7)])[0]
+    neighbours = [prompt_item("a dog ran", max_new_tokens=12, temperature=1.0), sampled(8)]
+    batched = generate(handler, [*neighbours, sampled(7)])
+    assert batched[2] == alone
+    assert batched[1] != alone  # another seed draws another text (at temperature 2)
 
 
 def test_bad_items_are_refused_and_neighbours_still_run(handler: TextGenerationHandler) -> None:

@@ -22,7 +22,9 @@ EOS = "<|endoftext|>"
 UNK = "<unk>"
 
 
-def build_tiny_lm(folder: Path, layers: int = 2, width: int = 64, seed: int = 0) -> Path:
+def build_tiny_lm(
+    folder: Path, layers: int = 2, width: int = 64, seed: int = 0, context: int = 256
+) -> Path:
     """Save a random GPT-2 and its tokenizer to `folder`, loadable with `from_pretrained`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -35,7 +37,7 @@ def build_tiny_lm(folder: Path, layers: int = 2, width: int = 64, seed: int = 0)
     tokenizer.save_pretrained(folder)
     config = GPT2Config(
         vocab_size=len(vocab),
-        n_positions=256,
+        n_positions=context,
         n_embd=width,
         n_layer=layers,
         n_head=4,

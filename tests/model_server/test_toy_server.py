@@ -163,6 +163,7 @@ def test_metadata_describes_the_model(server: ModelServer) -> None:
         "outputs": [{"name": "output", "datatype": "FP32", "shape": [4]}],
         "max_batch_size": 8,
         "pads_variable_dims": False,
+        "streams_tokens": False,
     }
 
 

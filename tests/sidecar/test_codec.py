@@ -447,7 +447,7 @@ STRINGS = b"[" + b'"a",' * 999_999 + b'"a"]'
     [
         (b'{"text_input": "hi", "parameters": {"stop": ' + STRINGS + b"}}", "max_elements"),
         (b'{"text_input": ' + STRINGS + b"}", "text_input"),
-        (b'{"text_input": "hi", "parameters": {"max_new_tokens": ' + ZEROS + b"}}", "max_new"),
+        (b'{"text_input": "hi", "parameters": {"max_tokens": ' + ZEROS + b"}}", "max_tokens"),
         (b'{"text_input": "hi", "junk": ' + STRINGS + b"}", ""),
     ],
 )

@@ -181,3 +181,36 @@ async def test_a_result_whose_status_is_no_integer_is_a_bad_response(tmp_path: P
                 await client.infer([{"x": wire.Tensor("FP32", (1,), b"\0" * 4)}], 5.0)
         finally:
             await client.close()
+
+
+async def test_a_stream_over_its_part_limit_is_cancelled_and_fails(tmp_path: Path) -> None:
+    """A model server that streams without end is cut off at the caller's limit: the caller
+    gets 502 and the model server a cancel, while the link keeps serving."""
+    cancelled = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request_id, code, _ = await read_frame(reader)
+        assert code == frames.STREAM
+        for _ in range(100):
+            write_frame(writer, request_id, frames.PART, b"x" * 100)
+        while True:
+            frame_id, code, _ = await read_frame(reader)
+            if code == frames.CANCEL and frame_id == request_id:
+                cancelled.set()
+            elif code == frames.BATCH:
+                write_frame(writer, frame_id, frames.OK, b"still here")
+
+    path = tmp_path / "f.sock"
+    async with frame_server(path, endless):
+        batches = FramedBatches(str(path))
+        try:
+            parts = []
+            with pytest.raises(BadModelResponse, match="streamed over 1000 bytes"):
+                async for code, payload in batches.stream(b"one item", 1000):
+                    assert code == frames.PART
+                    parts.append(payload)
+            await asyncio.wait_for(cancelled.wait(), 5)
+            assert await batches.send(b"next", 5.0) == b"still here"
+        finally:
+            await batches.close()
+    assert len(parts) == 10  # 1,000 bytes of parts, then the eleventh is one too many

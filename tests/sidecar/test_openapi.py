@@ -308,7 +308,7 @@ async def test_priority_is_served_first(world: World) -> None:
         await asyncio.to_thread(world.model.holding.wait, 5)
         low = asyncio.create_task(send(http, world, path, v2(*[ECHO] * 4)))
         await asyncio.sleep(0.2)
-        high = asyncio.create_task(send(http, world, path, v2(*[SLOW] * 3, priority=5)))
+        high = asyncio.create_task(send(http, world, path, v2(*[SLOW] * 3, priority=1)))
         await asyncio.sleep(0.2)
         world.model.release.set()
         assert [(await task)[0] for task in (held, low, high)] == [200, 200, 200]

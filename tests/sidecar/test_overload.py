@@ -38,7 +38,7 @@ async def start_blocker(http: aiohttp.ClientSession, sidecar: Sidecar) -> asynci
     return blocker
 
 
-async def test_higher_priority_is_served_first(pair: Pair, http: aiohttp.ClientSession) -> None:
+async def test_priority_level_1_is_served_first(pair: Pair, http: aiohttp.ClientSession) -> None:
     sidecar = pair.sidecar
     done: list[str] = []
 
@@ -53,7 +53,7 @@ async def test_higher_priority_is_served_first(pair: Pair, http: aiohttp.ClientS
         # One at a time: two requests sent together may reach the sidecar in either order.
         low.append(asyncio.create_task(caller(f"low{index}", 0)))
         await until(sidecar, "carpool_queue_items", index + 1)
-    high = asyncio.create_task(caller("high", 7))
+    high = asyncio.create_task(caller("high", 1))  # Triton: 1 is the highest level
     await until(sidecar, "carpool_queue_items", 3)
     await asyncio.gather(blocker, high, *low)
     assert done == ["high", "low0", "low1"]

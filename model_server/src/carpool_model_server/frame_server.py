@@ -1,8 +1,9 @@
 """The model server's framed listener (`carpool.contract.frames`): the sidecar's batch path.
 
-Each connection carries many batches at once; every batch runs in its own task, so a
-connection keeps reading (and cancelling) while batches wait for the worker thread. HTTP
-stays beside it for probes, metadata, metrics and `POST /batch`.
+Each connection carries many batches and streams at once; every one runs in its own task,
+so a connection keeps reading (and cancelling) while batches wait for the worker thread and
+streams for their tokens. HTTP stays beside it for probes, metadata, metrics and
+`POST /batch`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from carpool.contract import frames, wire
@@ -89,8 +91,13 @@ class FrameServer:
                 payload = await reader.readexactly(length)
                 if code == frames.CANCEL:
                     connection.cancel(request_id)
-                elif code == frames.BATCH:
-                    batch = asyncio.create_task(self._answer(connection, request_id, payload))
+                elif code in (frames.BATCH, frames.STREAM):
+                    frames_out = (
+                        self._service.stream_body(payload)
+                        if code == frames.STREAM
+                        else self._batch(payload)
+                    )
+                    batch = asyncio.create_task(self._answer(connection, request_id, frames_out))
                     connection.batches[request_id] = batch
                 else:
                     connection.send(request_id, 400, f"unknown frame code {code}".encode())
@@ -100,17 +107,24 @@ class FrameServer:
             await connection.close()
             self._connections.pop(task, None)
 
-    async def _answer(self, connection: _Connection, request_id: int, payload: bytes) -> None:
+    async def _batch(self, payload: bytes) -> AsyncIterator[tuple[int, bytes]]:
+        yield frames.OK, await self._service.infer_body(payload)
+
+    async def _answer(
+        self, connection: _Connection, request_id: int, answer: AsyncIterator[tuple[int, bytes]]
+    ) -> None:
         # The one place that turns domain errors into frame codes, as app.py does for HTTP.
         try:
-            answer = await self._service.infer_body(payload)
+            async for code, payload in answer:
+                connection.send(request_id, code, payload)
+                if code == frames.PART:
+                    # A slow sidecar slows its stream, not the memory of this process.
+                    await connection.writer.drain()
         except ServerError as error:
             connection.send(request_id, error.status, str(error).encode())
         except Exception as error:
             log.exception("unexpected error in a framed batch")
             connection.send(request_id, 500, f"internal error: {error!r}".encode())
-        else:
-            connection.send(request_id, frames.OK, answer)
         finally:
             connection.batches.pop(request_id, None)
 

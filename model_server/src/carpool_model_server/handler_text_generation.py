@@ -6,7 +6,16 @@ batch is split into power-of-two prompt-length buckets, one `model.generate` cal
 short prompt never pads to a long one. Settings are per item: a row stops at its own
 `max_new_tokens`, end-of-sequence token or stop string, while the rest of its bucket goes on;
 `temperature` 0 is greedy. With greedy decoding every prompt gets exactly the tokens it gets
-when it runs alone.
+when it runs alone; a sampled one with a `seed` gets the same text whatever its batch. Each
+answer says why it ended (`finish_reason`, as the generate extension names the reasons) and
+how many tokens its prompt and its answer took.
+
+`--handler-options batching=continuous` runs greedy requests (temperature 0) through an
+iteration-level batching loop instead (`continuous.TokenLoop`, transformers' continuous
+batching with a paged KV cache of `cache_tokens` tokens, 16 sequences' worth of the context
+by default): requests join and leave the running batch at every token, and the model server
+streams each one's tokens as they come (`stream`). Sampled requests and batches sent as
+batches (`/infer`) keep the static way.
 
 What one item may ask is bounded in the metadata, from the loaded model's context, so the
 sidecar refuses the rest before queueing: the prompt's bytes (PROMPT_BYTES_PER_TOKEN per
@@ -19,10 +28,11 @@ in float32 after subtracting their maximum, so even a subnormal temperature give
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from carpool.contract import generation
@@ -31,6 +41,7 @@ from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.errors import InvalidItem
 from carpool_model_server.handler import (
     Handler,
+    HandlerSettings,
     Prepared,
     check_limits,
     require_input,
@@ -53,11 +64,22 @@ _STOP_WINDOW = MAX_STOP_BYTES + 8  # tokens
 TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,), max_element_bytes=MAX_PROMPT_BYTES)
 MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,), minimum=1)
 TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,), minimum=0, maximum=MAX_TEMPERATURE)
+# -1: no seed. INT32: a seed is any whole number a client writes, and a float32 bound holds it.
+SEED = TensorSpec(generation.SEED, "INT32", (1,), minimum=-1, maximum=2**31 - 1, optional=True)
 STOP = TensorSpec(
     generation.STOP, BYTES, (-1,), max_elements=MAX_STOP_STRINGS, max_element_bytes=MAX_STOP_BYTES
 )
 TEXT_OUTPUT = TensorSpec(generation.TEXT_OUTPUT, BYTES, (1,))
+FINISH_REASON = TensorSpec(generation.FINISH_REASON, BYTES, (1,))
+PROMPT_TOKENS = TensorSpec(generation.PROMPT_TOKENS, "INT32", (1,))
+GENERATED_TOKENS = TensorSpec(generation.GENERATED_TOKENS, "INT32", (1,))
 WARMUP_PROMPT = "carpool warms up the model"
+BATCHING = ("static", "continuous")
+# The paged cache holds this many sequences of the model's full context, by default.
+CACHE_SEQUENCES = 16
+
+if TYPE_CHECKING:
+    from carpool_model_server.continuous import LoopState, Piece, TokenLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +90,25 @@ class Request:
     max_new_tokens: int
     temperature: float  # 0: greedy
     stop: tuple[str, ...]
+    seed: int | None = None  # of a sampled request's draws; None: any
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One prompt's generated text, why it ended, and its token counts."""
+
+    text: str
+    finish_reason: str  # one of generation.FINISH_REASONS
+    prompt_tokens: int
+    generated_tokens: int
+
+    def outputs(self) -> dict[str, Tensor]:
+        return {
+            TEXT_OUTPUT.name: Tensor(BYTES, (1,), [self.text.encode()]),
+            FINISH_REASON.name: Tensor(BYTES, (1,), [self.finish_reason.encode()]),
+            PROMPT_TOKENS.name: _count(self.prompt_tokens),
+            GENERATED_TOKENS.name: _count(self.generated_tokens),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +133,25 @@ class Prompts:
         return real, slots
 
 
-class TextGenerationHandler(Handler[Prompts, list[str]]):
+class TextGenerationHandler(Handler[Prompts, list[Answer]]):
     metadata = Metadata(
         platform="pytorch_transformers",
-        inputs=(TEXT_INPUT, MAX_NEW_TOKENS, TEMPERATURE, STOP),
-        outputs=(TEXT_OUTPUT,),
+        inputs=(TEXT_INPUT, MAX_NEW_TOKENS, TEMPERATURE, STOP, SEED),
+        outputs=(TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, GENERATED_TOKENS),
         pads_variable_dims=True,
     )
+    options: ClassVar[frozenset[str]] = frozenset({"batching", "cache_tokens"})
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        super().__init__(settings)
+        self.batching = settings.options.get("batching", "static")
+        if self.batching not in BATCHING:
+            raise ValueError(f"option batching={self.batching!r}: use one of {BATCHING}")
+        cache = settings.options.get("cache_tokens", "0")
+        if not cache.isdigit():
+            raise ValueError(f"option cache_tokens={cache!r}: use a whole number of tokens")
+        self.cache_tokens = int(cache)  # 0: CACHE_SEQUENCES full contexts
+        self.loop: TokenLoop | None = None
 
     def load(self, device: torch.device) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -117,6 +170,38 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.metadata = _bounded(self.metadata, self.context)
         self.inputs = {spec.name: spec for spec in self.metadata.inputs}
+        if self.batching == "continuous":
+            self._start_loop()
+
+    def _start_loop(self) -> None:
+        from carpool_model_server.continuous import TokenLoop
+
+        self.loop = TokenLoop(
+            self.model,
+            self.tokenizer,
+            self.eos_id,
+            self.pad_id,
+            max_sequences=self.settings.max_batch_size,
+            cache_tokens=self.cache_tokens or CACHE_SEQUENCES * min(self.context, 1 << 16),
+        )
+        self.loop.warm_up(self.tokenizer(WARMUP_PROMPT)["input_ids"], 4)
+        self.metadata = dataclasses.replace(self.metadata, streams_tokens=True)
+
+    def stream(self, item: Item) -> AsyncGenerator[Piece, None] | None:
+        """The item's answer as it is generated, through the token loop; None when the item
+        takes the static way (sampling, or no loop). InvalidItem for an item it refuses."""
+        request = self._request(item)
+        if self.loop is None or request.temperature > 0:
+            return None
+        return self.loop.generate(request)
+
+    def loop_state(self) -> LoopState | None:
+        return None if self.loop is None else self.loop.state()
+
+    def close(self) -> None:
+        """Stop the token loop's thread, if one runs."""
+        if self.loop is not None:
+            self.loop.stop()
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[Prompts]:
         requests, rejected = split_valid(items, self._request)
@@ -128,15 +213,15 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
         buckets = [self._pad([requests[r] for r in rows], rows) for rows in by_bucket.values()]
         return Prepared(Prompts(buckets, len(requests)), len(requests), rejected)
 
-    def infer(self, batch: Prompts) -> list[str]:
-        texts = [""] * batch.count
+    def infer(self, batch: Prompts) -> list[Answer]:
+        answers: list[Answer | None] = [None] * batch.count
         for bucket in batch.buckets:
-            for row, text in zip(bucket.rows, self._generate(bucket), strict=True):
-                texts[row] = text
-        return texts
+            for row, answer in zip(bucket.rows, self._generate(bucket), strict=True):
+                answers[row] = answer
+        return [answer for answer in answers if answer is not None]
 
-    def postprocess(self, outputs: list[str]) -> list[dict[str, Tensor]]:
-        return [{TEXT_OUTPUT.name: Tensor(BYTES, (1,), [text.encode()])} for text in outputs]
+    def postprocess(self, outputs: list[Answer]) -> list[dict[str, Tensor]]:
+        return [answer.outputs() for answer in outputs]
 
     def example_item(self) -> Item:
         return {TEXT_INPUT.name: Tensor(BYTES, (1,), [WARMUP_PROMPT.encode()])}
@@ -152,8 +237,9 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
     def _request(self, item: Item) -> Request:
         # The cheap checks first: a refused item costs no tokenizing.
         prompt = _string(require_input(item, self.inputs[TEXT_INPUT.name]), TEXT_INPUT.name)
-        max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_NEW_TOKENS))
+        max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_TOKENS))
         temperature = self._setting(item, TEMPERATURE, 0.0)
+        seed = int(self._setting(item, SEED, -1))
         stop: tuple[str, ...] = ()
         if STOP.name in item:
             tensor = item[STOP.name]
@@ -170,7 +256,7 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
                 f"prompt of {len(prompt_ids)} tokens plus {max_new} new tokens exceeds the "
                 f"model's context of {self.context}"
             )
-        return Request(prompt_ids, max_new, temperature, stop)
+        return Request(prompt_ids, max_new, temperature, stop, None if seed < 0 else seed)
 
     def _setting(self, item: Item, spec: TensorSpec, default: float) -> float:
         """A one-number setting of the item, within its declared range, or the default."""
@@ -192,24 +278,22 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
             mask[index, width - len(request.prompt_ids) :] = 1
         return Bucket(rows, requests, input_ids.to(self.device), mask.to(self.device))
 
-    def _generate(self, bucket: Bucket) -> list[str]:
+    def _generate(self, bucket: Bucket) -> list[Answer]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         requests = bucket.requests
         width = bucket.input_ids.shape[1]
-        sampling = any(request.temperature > 0 for request in requests)
-        # Only our own per-row temperature shapes the sampled distribution.
-        shaping = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampling else {}
+        # Sampled rows draw their token in _RowSampling, each from its own generator, and
+        # leave only it: `generate` itself decodes greedily.
         config = GenerationConfig(  # type: ignore[no-untyped-call]
             max_new_tokens=max(request.max_new_tokens for request in requests),
-            do_sample=sampling,
+            do_sample=False,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_id,
-            **shaping,
         )
         processors = LogitsProcessorList()
-        if sampling:
-            processors.append(_RowTemperature([r.temperature for r in requests], self.device))
+        if any(request.temperature > 0 for request in requests):
+            processors.append(_RowSampling(requests, self.device))
         stopping = StoppingCriteriaList([_RowStop(requests, width, self.tokenizer, self.device)])
         output = self.model.generate(
             input_ids=bucket.input_ids,
@@ -223,36 +307,60 @@ class TextGenerationHandler(Handler[Prompts, list[str]]):
             for row_ids, request in zip(output, requests, strict=True)
         ]
 
-    def _finish(self, new_ids: list[int], request: Request) -> str:
-        """The row's text: its own token limit, end of sequence and first stop string applied."""
-        new_ids = new_ids[: request.max_new_tokens]
-        if self.eos_id is not None and self.eos_id in new_ids:
-            new_ids = new_ids[: new_ids.index(self.eos_id)]
-        text: str = self.tokenizer.decode(new_ids, skip_special_tokens=True)
-        return _cut_at_stop(text, request.stop)
+    def _finish(self, new_ids: list[int], request: Request) -> Answer:
+        """The row's answer: its own token limit, end of sequence and first stop string
+        applied, and which of them ended it."""
+        return finish(self.tokenizer, self.eos_id, new_ids, request)
 
 
-class _RowTemperature:
-    """Divides each row's logits by its own temperature; a greedy row (0) keeps only its
-    argmax, so sampling it gives exactly the greedy token.
+def finish(tokenizer: Any, eos_id: int | None, new_ids: list[int], request: Request) -> Answer:
+    """A prompt's answer from the tokens generated for it, however many past its end: its
+    token limit, end of sequence and first stop string applied, and which of them ended it.
+    A stop string ends the answer before the limit does; the end-of-sequence token is not
+    counted in, nor shown."""
+    new_ids = new_ids[: request.max_new_tokens]
+    reason = generation.LENGTH
+    if eos_id is not None and eos_id in new_ids:
+        new_ids, reason = new_ids[: new_ids.index(eos_id)], generation.EOS_TOKEN
+    text: str = tokenizer.decode(new_ids, skip_special_tokens=True)
+    cut = cut_at_stop(text, request.stop)
+    if len(cut) < len(text):
+        reason = generation.STOP_SEQUENCE
+    return Answer(cut, reason, len(request.prompt_ids), len(new_ids))
+
+
+class _RowSampling:
+    """Picks each row's next token and leaves only it: the argmax for a greedy row (0), a
+    draw at the row's own temperature from the row's own generator otherwise, seeded with
+    the request's seed (or from torch's global one). A seeded request so gets the same text
+    whatever shares its batch.
 
     The logits are shifted so that their maximum is 0 before the division, in float32: the
     quotients are then at most 0, never infinite at the top, and softmax gets no `inf - inf`
     however small the temperature (a tiny one leaves only the argmax, as greedy does).
     """
 
-    def __init__(self, temperatures: list[float], device: torch.device) -> None:
-        values = torch.tensor(temperatures, dtype=torch.float32, device=device)
-        self.greedy = values == 0
-        self.divisor = torch.where(self.greedy, torch.ones_like(values), values).unsqueeze(1)
+    def __init__(self, requests: list[Request], device: torch.device) -> None:
+        values = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
+        self.greedy = (values == 0).to(device)
+        self.divisor = torch.where(values == 0, torch.ones_like(values), values).unsqueeze(1)
+        self.divisor = self.divisor.to(device)
+        self.generators: dict[int, torch.Generator] = {}
+        for row, request in enumerate(requests):
+            if request.temperature > 0:
+                seed = request.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, ()))
+                self.generators[row] = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float()
         top = logits.max(dim=-1, keepdim=True).values
-        scaled = (logits - top) / self.divisor
-        best = scores.argmax(dim=-1, keepdim=True)
-        one_hot = torch.full_like(scaled, -torch.inf).scatter(1, best, 0.0)
-        return torch.where(self.greedy.unsqueeze(1), one_hot, scaled)
+        probabilities = torch.softmax((logits - top) / self.divisor, dim=-1)
+        chosen = scores.argmax(dim=-1, keepdim=True)
+        for row, generator in self.generators.items():
+            chosen[row] = torch.multinomial(probabilities[row], 1, generator=generator)
+        return torch.full_like(logits, -torch.inf).scatter(1, chosen, 0.0)
 
 
 class _RowStop:
@@ -287,7 +395,11 @@ def _bucket(length: int) -> int:
     return 1 << (length - 1).bit_length()
 
 
-def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+def _count(value: int) -> Tensor:
+    return Tensor("INT32", (1,), np.array([value], dtype="<i4").tobytes())
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     cuts = [index for index in (text.find(s) for s in stop) if index >= 0]
     return text[: min(cuts)] if cuts else text
 

@@ -230,7 +230,7 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
     if still_loading:
         return code, True
     # Joins the worker thread: the batch in progress finishes first.
-    await asyncio.to_thread(service.runner.close)
+    await asyncio.to_thread(service.close)
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await loading
     return code, False

@@ -1,10 +1,11 @@
-"""The data plane: readiness, metadata and batches, independent of HTTP."""
+"""The data plane: readiness, metadata, batches and streams, independent of HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from carpool.contract import wire
@@ -12,6 +13,7 @@ from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import Item, ItemResult
 from carpool_model_server.errors import BadRequest, NotReady
 from carpool_model_server.runner import Runner
+from carpool_model_server.streaming import GenerationMetrics, StreamsTokens, answer
 
 
 class ModelService:
@@ -21,6 +23,9 @@ class ModelService:
         self.ready = False
         self._batches_in_flight = 0
         self._last_batch_at = time.monotonic()
+        handler = runner.handler
+        state = handler.loop_state if isinstance(handler, StreamsTokens) else lambda: None
+        self.generation = GenerationMetrics.create(runner.metrics.registry, name, state)
 
     async def start(
         self,
@@ -34,11 +39,29 @@ class ModelService:
 
     async def infer(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming]:
         """The items' results, and where their time went."""
+        with self._busy():
+            return await self.runner.run_timed(items)
+
+    async def stream_body(self, body: bytes) -> AsyncIterator[tuple[int, bytes]]:
+        """The frames (code, payload) answering one stream frame (`streaming.answer`)."""
+        with self._busy():
+            async for frame in answer(self.runner.handler, body, self.infer_body, self.generation):
+                yield frame
+
+    def close(self) -> None:
+        """Let the batch in flight finish, then stop the worker and any token loop."""
+        self.runner.close()
+        if isinstance(self.runner.handler, StreamsTokens):
+            self.runner.handler.close()
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        """A batch or stream in flight: the server is not idle (`idle_for`) meanwhile."""
         if not self.ready:
             raise NotReady("model is not ready: still loading or warming up")
         self._batches_in_flight += 1
         try:
-            return await self.runner.run_timed(items)
+            yield
         finally:
             self._batches_in_flight -= 1
             self._last_batch_at = time.monotonic()

@@ -158,12 +158,46 @@ async def v2_generate(request: web.Request) -> web.StreamResponse:
     generate_request = oip_generate.parse_request(body, dataplane.metadata())
     answer_limit = request.app[SIDECAR].config.max_answer_bytes
     response = await dataplane.generate(generate_request, timeout_ms, arrived_at, answer_limit)
-    encoded = oip_generate.encode_response
-    return await send_answer(request, response.held, lambda: _json_parts(encoded(response)))
+    encoded, extra = oip_generate.encode_response, oip_generate.answer_headers(generate_request)
+    return await send_answer(request, response.held, lambda: _json_parts(encoded(response), extra))
 
 
-def _json_parts(body: bytes) -> tuple[list[bytes], dict[str, str]]:
-    return [body], {"Content-Type": "application/json"}
+async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
+    arrived_at = asyncio.get_running_loop().time()
+    dataplane = check_model(request)
+    timeout_ms = headers.timeout_ms(request.headers)
+    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    generate_request = oip_generate.parse_request(body, dataplane.metadata())
+    answer_limit = request.app[SIDECAR].config.max_answer_bytes
+    pieces = dataplane.generate_stream(generate_request, timeout_ms, arrived_at, answer_limit)
+    try:
+        # Until the first piece an error is answered with its status, as for generate.
+        piece = await anext(pieces)
+        extra = oip_generate.answer_headers(generate_request)
+        response = web.StreamResponse(headers={**SSE_HEADERS, **extra})
+        await response.prepare(request)
+        try:
+            while True:
+                await response.write(oip_generate.encode_event(dataplane.model_name, piece))
+                if piece.final is not None:
+                    break
+                piece = await anext(pieces)
+        except SidecarError as error:
+            await response.write(oip_generate.encode_error_event(error.message))
+    finally:
+        # A caller who left ends its sequence on the model server here.
+        await pieces.aclose()
+    await response.write_eof()
+    return response
+
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def _json_parts(
+    body: bytes, extra: dict[str, str] | None = None
+) -> tuple[list[bytes], dict[str, str]]:
+    return [body], {"Content-Type": "application/json", **(extra or {})}
 
 
 async def live(request: web.Request) -> web.Response:
@@ -249,6 +283,10 @@ ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
     ("POST", "/v2/models/{name}/generate", v2_generate, op.GENERATE, "v2-generate"),
     ("POST", "/v2/models/{name}/versions/{version}/generate", v2_generate, op.GENERATE,
      "v2-generate-version"),
+    ("POST", "/v2/models/{name}/generate_stream", v2_generate_stream, op.GENERATE_STREAM,
+     "v2-generate-stream"),
+    ("POST", "/v2/models/{name}/versions/{version}/generate_stream", v2_generate_stream,
+     op.GENERATE_STREAM, "v2-generate-stream-version"),
     ("GET", "/v1/models/{name:[^/:]+}", model_ready, op.MODEL_READY, None),
     ("POST", "/v1/models/{name:[^/:]+}:predict", v1_predict, op.PREDICT, "v1-predict"),
     ("GET", "/metrics", metrics, op.METRICS, None),

@@ -15,6 +15,7 @@ from pydantic import Field, WithJsonSchema
 # pydantic needs typing_extensions' TypedDict before Python 3.12.
 from typing_extensions import TypedDict
 
+from carpool.contract.generation import FINISH_REASONS
 from carpool.contract.wire import DATATYPES
 
 Datatype = Annotated[str, WithJsonSchema({"enum": sorted(DATATYPES)})]
@@ -62,7 +63,9 @@ class ModelReady(TypedDict):
     ready: bool
 
 
-Priority = Annotated[int, Field(description="Higher is served first.")]
+Priority = Annotated[
+    int, Field(ge=0, description="Level 1 is served first, then 2, ...; 0 (default) last.")
+]
 TimeoutUs = Annotated[
     float,
     Field(
@@ -142,8 +145,14 @@ class GenerationParameters(TypedDict):
     """Generation settings, sent to the model's inputs of the same names, and the request's
     priority and deadline; unknown keys are ignored."""
 
+    max_tokens: NotRequired[
+        Annotated[int, Field(ge=1, description="Tokens to generate at most (default 20).")]
+    ]
     max_new_tokens: NotRequired[
-        Annotated[int, Field(ge=1, description="Tokens to generate at most (default 32).")]
+        Annotated[
+            int,
+            Field(ge=1, description="Deprecated name of max_tokens.", deprecated=True),
+        ]
     ]
     temperature: NotRequired[
         Annotated[float, Field(ge=0, description="0 (default): greedy; above 0: sampling.")]
@@ -152,6 +161,12 @@ class GenerationParameters(TypedDict):
         Annotated[
             str | list[str],
             Field(description="Stop strings: the output ends before the first one."),
+        ]
+    ]
+    seed: NotRequired[
+        Annotated[
+            int,
+            Field(ge=0, description="Seed of a sampled answer's draws: the same text each time."),
         ]
     ]
     priority: NotRequired[Priority]
@@ -167,3 +182,34 @@ class GenerationResponse(TypedDict):
     model_name: str
     model_version: str
     text_output: Annotated[str, Field(description="The generated text, without the prompt.")]
+    finish_reason: NotRequired[
+        Annotated[
+            str,
+            Field(
+                description="Why the text ended: its token limit, end of sequence, a stop string.",
+                json_schema_extra={"enum": list(FINISH_REASONS)},
+            ),
+        ]
+    ]
+    prompt_tokens: NotRequired[Annotated[int, Field(ge=0, description="Tokens of the prompt.")]]
+    generated_tokens: NotRequired[
+        Annotated[int, Field(ge=0, description="Tokens generated for the text.")]
+    ]
+
+
+class GenerationStreamEvent(TypedDict):
+    """One Server-Sent Event of `generate_stream` (its `data:`): the text's next piece; the
+    last event has `done` true and says how the answer ended."""
+
+    text_output: Annotated[str, Field(description="The next piece of the generated text.")]
+    model_name: str
+    model_version: str
+    done: Annotated[bool, Field(description="True on the last event only.")]
+    finish_reason: NotRequired[
+        Annotated[str, Field(json_schema_extra={"enum": list(FINISH_REASONS)})]
+    ]
+    prompt_tokens: NotRequired[Annotated[int, Field(ge=0)]]
+    generated_tokens: NotRequired[Annotated[int, Field(ge=0)]]
+    error: NotRequired[
+        Annotated[str, Field(description="Why the answer broke off; the last event then.")]
+    ]

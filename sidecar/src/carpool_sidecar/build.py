@@ -20,6 +20,7 @@ from carpool_sidecar.health import ModelState
 from carpool_sidecar.reading import ReadingBudget
 from carpool_sidecar.reload import SettingsFile
 from carpool_sidecar.sending import AnswerSending
+from carpool_sidecar.streaming import GenerationMetrics, Streams
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,8 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     answers = AnswerBudget(
         config.max_answer_bytes, config.max_unsent_bytes, metrics.unsent_answer_bytes
     )
-    dataplane = DataPlane(config.model_name, batcher, state, answers)
+    streams = Streams(client, GenerationMetrics(registry, config.model_name))
+    dataplane = DataPlane(config.model_name, batcher, state, answers, streams)
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
         config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,

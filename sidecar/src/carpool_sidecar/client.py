@@ -8,7 +8,7 @@ opens a new connection.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import aiohttp
@@ -85,6 +85,27 @@ class ModelClient:
             raise BadModelResponse(
                 f"model server sent a malformed batch answer: {error}"
             ) from error
+
+    async def stream(
+        self, item: wire.Item, part_limit: int
+    ) -> AsyncGenerator[tuple[bool, wire.ItemResult], None]:
+        """One item sent as a stream: its results as they come, (True, piece) for each
+        piece and (False, whole answer) last. Only over the framed socket, which a model
+        server that streams tokens serves; the caller bounds the time it waits."""
+        if self._frames is None:
+            raise Unavailable("streams take the framed socket: the model server is not on one")
+        answers = self._frames.stream(wire.encode_request([item]), part_limit)
+        try:
+            async for code, payload in answers:
+                try:
+                    (result,) = wire.decode_response(payload)
+                except (wire.WireError, ValueError) as error:
+                    raise BadModelResponse(
+                        f"model server sent a malformed stream answer: {error}"
+                    ) from error
+                yield code == frames.PART, result
+        finally:
+            await answers.aclose()
 
     async def _post(self, body: bytes, timeout_s: float) -> bytes:
         try:

@@ -9,7 +9,7 @@ group (BatchKey) and deadline, awaits the results and stacks them back into whol
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import overload
 
 import numpy as np
@@ -34,6 +34,7 @@ from carpool_sidecar.forwarder import ModelBatcher
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
+from carpool_sidecar.streaming import Piece, Streams
 from carpool_sidecar.tensors import RequestTensor, element_count, split, stack
 
 # Below this length padding costs less than splitting the traffic into more, smaller batches.
@@ -48,12 +49,20 @@ def length_bucket(length: int) -> int:
 
 class DataPlane:
     def __init__(
-        self, model_name: str, batcher: ModelBatcher, state: ModelState, answers: AnswerBudget
+        self,
+        model_name: str,
+        batcher: ModelBatcher,
+        state: ModelState,
+        answers: AnswerBudget,
+        streams: Streams | None = None,
     ) -> None:
+        """`streams`: the way to a model server that batches generation itself; without
+        it, generate requests always take the batcher."""
         self.model_name = model_name
         self.batcher = batcher
         self.state = state
         self.answers = answers
+        self.streams = streams
         # Why the sidecar cannot serve any more (a background task died), else None.
         self.broken: str | None = None
         # SIGTERM came: not ready, and every answer closes its connection.
@@ -133,6 +142,43 @@ class DataPlane:
             raise
         return InferResponse(self.model_name, request.id, outputs, binary, held)
 
+    async def infer_stream(
+        self,
+        request: InferRequest,
+        header_timeout_ms: float | None,
+        arrived_at: float,
+        answer_limit: int,
+    ) -> AsyncGenerator[tuple[InferResponse, bool], None]:
+        """`infer`, answered piece by piece where the model streams tokens and the request
+        is one prompt: (response, whether it is the last). The pieces' `text_output` joined
+        is the text; the last also holds the model's other outputs asked for."""
+        metadata = self.metadata()
+        inputs = [_as_column(tensor, metadata) for tensor in request.inputs]
+        if not (metadata.streams_tokens and self.streams is not None and inputs[0].items == 1):
+            response = await self.infer(request, header_timeout_ms, arrived_at, answer_limit)
+            try:
+                yield response, True
+            finally:
+                if response.held is not None:
+                    response.held.release()
+            return
+        names = _output_names(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        pieces = self._streamed(
+            inputs, metadata, request.priority, arrived_at, deadline, answer_limit
+        )
+        try:
+            async for piece in pieces:
+                outputs = [RequestTensor(TEXT_OUTPUT, BYTES, (1, 1), [piece.text.encode()])]
+                if piece.final is not None:
+                    outputs += generation.ending_tensors(piece.final.ending)
+                shown = [tensor for tensor in outputs if tensor.name in names]
+                binary = _binary_outputs(request, [tensor.name for tensor in shown])
+                response = InferResponse(self.model_name, request.id, shown, binary)
+                yield response, piece.final is not None
+        finally:
+            await pieces.aclose()
+
     async def generate(
         self,
         request: GenerateRequest,
@@ -141,19 +187,78 @@ class DataPlane:
         answer_limit: int,
     ) -> GenerateResponse:
         """Generate text for one prompt, batched with other requests (/infer ones too) whose
-        prompt length and max_new_tokens fall in the same buckets. The text is an answer as
-        any: within `answer_limit`, its room held until the front releases it."""
+        prompt length and max_new_tokens fall in the same buckets, or sent on its own to a
+        model server that batches generation itself. The text is an answer as any: within
+        `answer_limit`, its room held until the front releases it."""
         metadata = self.metadata()
         inputs = generation.model_inputs(request, metadata)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
-        results = await self._submit(inputs, metadata, deadline, request.priority)
-        (output,) = _output_of_items(TEXT_OUTPUT, results)
+        if metadata.streams_tokens and self.streams is not None:
+            pieces = self._streamed(
+                inputs, metadata, request.priority, arrived_at, deadline, answer_limit
+            )
+            text, ending = "", generation.Ending()
+            async for piece in pieces:
+                if piece.final is not None:
+                    text, ending = piece.final.text_output, piece.final.ending
+            output = Tensor(BYTES, (1,), [text.encode()])
+        else:
+            results = await self._submit(inputs, metadata, deadline, request.priority)
+            (output,) = _output_of_items(TEXT_OUTPUT, results)
+            ending = generation.ending_of(results[0].outputs or {})
+            text = generation.text_of(output)
+            if self.streams is not None:
+                self.streams.observe_whole(arrived_at, ending)
         held = self.answers.hold(_answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
+        return GenerateResponse(self.model_name, text, ending, held)
+
+    async def generate_stream(
+        self,
+        request: GenerateRequest,
+        header_timeout_ms: float | None,
+        arrived_at: float,
+        answer_limit: int,
+    ) -> AsyncGenerator[Piece, None]:
+        """Generate text for one prompt, piece by piece as a model server that batches
+        generation itself makes it; from any other, in one piece. The last piece carries
+        the answer. Problems found before any work (a bad request, a full queue) raise
+        before the first piece, so the front can still answer them with a status."""
+        metadata = self.metadata()
+        if not (metadata.streams_tokens and self.streams is not None):
+            response = await self.generate(request, header_timeout_ms, arrived_at, answer_limit)
+            try:
+                yield Piece(response.text_output, response)
+            finally:
+                if response.held is not None:
+                    response.held.release()
+            return
+        inputs = generation.model_inputs(request, metadata)
+        deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
+        pieces = self._streamed(
+            inputs, metadata, request.priority, arrived_at, deadline, answer_limit
+        )
         try:
-            return GenerateResponse(self.model_name, generation.text_of(output), held)
-        except BaseException:
-            held.release()
-            raise
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
+
+    def _streamed(
+        self,
+        inputs: Sequence[RequestTensor],
+        metadata: ModelMetadata,
+        priority: int,
+        arrived_at: float,
+        deadline: float,
+        answer_limit: int,
+    ) -> AsyncGenerator[Piece, None]:
+        """The request as one stream frame, once it has a place in the running batch."""
+        assert self.streams is not None
+        if self.batcher.draining:  # as the batcher refuses new requests once it drains
+            raise Unavailable("the sidecar is shutting down")
+        item = RequestItems(inputs, _check_inputs(inputs, metadata))[0]
+        limits = (metadata.max_batch_size, self.batcher.bounds.max_items, answer_limit)
+        return self.streams.run(item, self.model_name, priority, limits, arrived_at, deadline)
 
     async def _submit(
         self,
@@ -190,7 +295,7 @@ def _check_inputs(inputs: Sequence[RequestTensor], metadata: ModelMetadata) -> i
     given = {tensor.name for tensor in inputs}
     if len(given) != len(inputs):
         raise BadRequest("an input name appears twice")
-    missing = [spec.name for spec in metadata.inputs if spec.name not in given]
+    missing = [s.name for s in metadata.inputs if s.name not in given and not s.optional]
     if missing:
         raise BadRequest(f"missing inputs {missing}; the model takes {_names(metadata.inputs)}")
     count = inputs[0].items
@@ -299,10 +404,13 @@ def _batch_key(
     group by their `max_new_tokens` bucket (`generation.settings_bucket`).
     """
     by_name = {tensor.name: tensor for tensor in inputs}
-    signature = []
+    signature: list[tuple[str, str | None, tuple[int, ...]]] = []
     lengths: npt.NDArray[np.int64] | None = None
     for spec in metadata.inputs:
-        tensor = by_name[spec.name]
+        tensor = by_name.get(spec.name)
+        if tensor is None:  # an optional input left out
+            signature.append((spec.name, None, ()))
+            continue
         item_shape = tensor.shape[1:]
         padded = spec.variable and (isinstance(tensor.data, list) or metadata.pads_variable_dims)
         signature.append((spec.name, spec.datatype, spec.shape if padded else item_shape))

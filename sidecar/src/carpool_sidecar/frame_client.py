@@ -3,6 +3,8 @@
 The connection opens with the first batch and again with the first batch after it broke;
 every batch in flight when it breaks fails with ModelUnreachable at once. A batch whose
 caller gives up is cancelled on the model server, as an HTTP disconnect would cancel it.
+A stream (one generate request whose answer comes in PART frames) is a batch whose answer
+is read piece by piece; its pieces count against the limit its caller gives.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 
 from carpool.contract import frames, wire
 from carpool.engine.errors import BadModelResponse, ModelUnreachable, SidecarError, Unavailable
@@ -17,12 +21,21 @@ from carpool.engine.errors import BadModelResponse, ModelUnreachable, SidecarErr
 Answer = tuple[int, bytes]
 
 
+@dataclass(slots=True)
+class _Waiter:
+    """The frames of one batch or stream as they come; its PART frames' bytes, bounded."""
+
+    part_limit: int
+    frames: asyncio.Queue[Answer | SidecarError] = field(default_factory=asyncio.Queue)
+    part_bytes: int = 0
+
+
 class _Link:
     """One open connection and the batches waiting on it; a reader task owns its input."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self._waiting: dict[int, asyncio.Future[Answer]] = {}
+        self._waiting: dict[int, _Waiter] = {}
         self._ids = itertools.count()
         self._reading = asyncio.create_task(self._read(reader), name="carpool-model-frames")
 
@@ -31,15 +44,31 @@ class _Link:
         return self._reading.done()
 
     async def call(self, body: bytes) -> Answer:
+        frames_in = self.exchange(body, frames.BATCH, 0)
+        try:
+            return await anext(frames_in)
+        finally:
+            await frames_in.aclose()
+
+    async def exchange(
+        self, body: bytes, code: int, part_limit: int
+    ) -> AsyncGenerator[Answer, None]:
+        """Send one frame; its answer's frames, PART ones first (at most `part_limit` bytes
+        of them), the final one last."""
         if self.broken:  # its reader would never answer
             raise ModelUnreachable("model server connection closed")
         request_id = next(self._ids) % frames.ID_MODULUS
-        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = answer
+        waiter = self._waiting[request_id] = _Waiter(part_limit)
         try:
-            self._writer.writelines([frames.header(len(body), request_id, frames.BATCH), body])
+            self._writer.writelines([frames.header(len(body), request_id, code), body])
             await self._writer.drain()
-            return await answer
+            while True:
+                answer = await waiter.frames.get()
+                if isinstance(answer, SidecarError):
+                    raise answer
+                yield answer
+                if answer[0] != frames.PART:
+                    return
         except ConnectionError as error:
             raise ModelUnreachable(f"model server connection broke: {error!r}") from error
         finally:
@@ -62,17 +91,31 @@ class _Link:
                     failure = BadModelResponse(f"model server sent a frame of {length} bytes")
                     return
                 payload = await reader.readexactly(length)
-                answer = self._waiting.pop(request_id, None)
-                if answer is not None and not answer.done():
-                    answer.set_result((code, payload))
+                self._deliver(request_id, code, payload)
         except (asyncio.IncompleteReadError, ConnectionError) as error:
             failure = ModelUnreachable(f"model server connection broke: {error!r}")
         finally:
             self._writer.close()
-            for answer in self._waiting.values():
-                if not answer.done():  # one instance each: tracebacks are per raise
-                    answer.set_exception(type(failure)(str(failure)))
+            for waiter in self._waiting.values():
+                # One instance each: tracebacks are per raise.
+                waiter.frames.put_nowait(type(failure)(str(failure)))
             self._waiting.clear()
+
+    def _deliver(self, request_id: int, code: int, payload: bytes) -> None:
+        waiter = self._waiting.get(request_id)
+        if waiter is None:
+            return  # given up on
+        if code == frames.PART:
+            waiter.part_bytes += len(payload)
+        if code != frames.PART:
+            del self._waiting[request_id]
+        elif waiter.part_bytes > waiter.part_limit:
+            del self._waiting[request_id]
+            self._writer.write(frames.header(0, request_id, frames.CANCEL))
+            message = f"model server streamed over {waiter.part_limit} bytes for one answer"
+            waiter.frames.put_nowait(BadModelResponse(message))
+            return
+        waiter.frames.put_nowait((code, payload))
 
 
 class FramedBatches:
@@ -95,6 +138,21 @@ class FramedBatches:
             detail = payload[:300].decode(errors="replace")
             raise Unavailable(f"model server answered {code}: {detail}")
         return payload
+
+    async def stream(self, body: bytes, part_limit: int) -> AsyncGenerator[Answer, None]:
+        """One stream frame's answer: its PART frames (code, payload), then the final
+        frame's payload with code 200; SidecarError on any failure. The caller bounds the
+        time it waits."""
+        link = await self._connected()
+        answers = link.exchange(body, frames.STREAM, part_limit)
+        try:
+            async for code, payload in answers:
+                if code not in (frames.OK, frames.PART):
+                    detail = payload[:300].decode(errors="replace")
+                    raise Unavailable(f"model server answered {code}: {detail}")
+                yield code, payload
+        finally:
+            await answers.aclose()
 
     async def close(self) -> None:
         if self._link is not None:

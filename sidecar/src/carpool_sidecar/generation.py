@@ -10,12 +10,19 @@ filled in, so that requests with and without a setting share one shape signature
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from carpool.contract.generation import (
-    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MAX_TOKENS,
+    FINISH_REASON,
+    FINISH_REASONS,
+    GENERATED_TOKENS,
     MAX_NEW_TOKENS,
+    PROMPT_TOKENS,
+    SEED,
     STOP,
     TEMPERATURE,
     TEXT_INPUT,
@@ -32,18 +39,31 @@ from carpool_sidecar.tensors import RequestTensor, from_json, json_values
 class GenerateRequest:
     text_input: str
     # None: not given; the model's default is sent where the model takes the setting.
-    max_new_tokens: int | None = None
+    max_tokens: int | None = None
     temperature: float | None = None  # 0: greedy
     stop: tuple[str, ...] | None = None
+    seed: int | None = None  # of a sampled answer's draws
     priority: int = 0
     # The caller's own deadline; only ever shortens the configured timeout.
     timeout_ms: float | None = None
+    # What the request used that is deprecated, for the caller to read in the answer.
+    deprecations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an answer ended, where the model says: each field None when it does not."""
+
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    generated_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateResponse:
     model_name: str
     text_output: str
+    ending: Ending = Ending()
     # Its room in the answer budget, released by the front once the answer is sent.
     held: Held | None = None
 
@@ -53,10 +73,11 @@ def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[Requ
     generate text or does not take a setting the request gives."""
     check_generates(metadata)
     given: list[tuple[str, object, object]] = [
-        (MAX_NEW_TOKENS, request.max_new_tokens, DEFAULT_MAX_NEW_TOKENS),
+        (MAX_NEW_TOKENS, request.max_tokens, DEFAULT_MAX_TOKENS),
         (TEMPERATURE, request.temperature, 0.0),
         # An empty stop string stops nothing; one element keeps the item's shape [1].
         (STOP, request.stop or None, ("",)),
+        (SEED, request.seed, -1),  # -1: none
     ]
     inputs = [_tensor(TEXT_INPUT, BYTES, [request.text_input])]
     for name, value, default in given:
@@ -108,16 +129,58 @@ def settings_bucket(inputs: Sequence[RequestTensor]) -> int | None:
     return 1 << (math.ceil(largest) - 1).bit_length()
 
 
-def text_of(output: Tensor) -> str:
+def ending_of(outputs: Mapping[str, Tensor]) -> Ending:
+    """The finish reason and token counts among one item's outputs, those it has."""
+    reason = outputs.get(FINISH_REASON)
+    if reason is not None:
+        reason_text = text_of(reason, FINISH_REASON)
+        if reason_text not in FINISH_REASONS:
+            raise BadModelResponse(
+                f"{FINISH_REASON!r} must be one of {list(FINISH_REASONS)}, got {reason_text!r}"
+            )
+    return Ending(
+        None if reason is None else reason_text,
+        _count_of(outputs.get(PROMPT_TOKENS), PROMPT_TOKENS),
+        _count_of(outputs.get(GENERATED_TOKENS), GENERATED_TOKENS),
+    )
+
+
+def ending_tensors(ending: Ending) -> list[RequestTensor]:
+    """How an answer of one item ended, as the outputs of that name it has, each [1, 1]."""
+    tensors = []
+    if ending.finish_reason is not None:
+        reason = [ending.finish_reason.encode()]
+        tensors.append(RequestTensor(FINISH_REASON, BYTES, (1, 1), reason))
+    for name, count in (
+        (PROMPT_TOKENS, ending.prompt_tokens),
+        (GENERATED_TOKENS, ending.generated_tokens),
+    ):
+        if count is not None:
+            tensors.append(RequestTensor(name, "INT32", (1, 1), np.array([count], np.int32)))
+    return tensors
+
+
+def _count_of(output: Tensor | None, name: str) -> int | None:
+    if output is None:
+        return None
+    if not output.datatype.startswith(("INT", "UINT")) or output.element_count != 1:
+        raise BadModelResponse(f"{name!r} must be one integer, got {output.datatype}")
+    value = int(output.to_numpy().reshape(-1)[0])
+    if value < 0:
+        raise BadModelResponse(f"{name!r} must be >= 0, got {value}")
+    return value
+
+
+def text_of(output: Tensor, name: str = TEXT_OUTPUT) -> str:
     """The generated text of one item's `text_output`."""
     if output.datatype != BYTES or not isinstance(output.data, list) or len(output.data) != 1:
         raise BadModelResponse(
-            f"{TEXT_OUTPUT!r} must be one BYTES element, got {output.datatype}{list(output.shape)}"
+            f"{name!r} must be one BYTES element, got {output.datatype}{list(output.shape)}"
         )
     try:
         return output.data[0].decode()
     except UnicodeDecodeError as error:
-        raise BadModelResponse(f"{TEXT_OUTPUT!r} is not UTF-8 text: {error}") from None
+        raise BadModelResponse(f"{name!r} is not UTF-8 text: {error}") from None
 
 
 def _tensor(name: str, datatype: str, values: list[object]) -> RequestTensor:

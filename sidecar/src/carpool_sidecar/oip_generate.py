@@ -1,19 +1,34 @@
 """Open Inference Protocol generate extension bodies (`POST /v2/models/{name}/generate`).
 
-`{"text_input": "...", "parameters": {"max_new_tokens": 16, "temperature": 0, "stop": ["\\n"]}}`
-is answered with `{"model_name": ..., "model_version": ..., "text_output": "..."}`.
-`parameters` also takes `priority` and `timeout` as /infer does; unknown keys are ignored.
+`{"text_input": "...", "parameters": {"max_tokens": 16, "temperature": 0, "stop": ["\\n"]}}`
+is answered with `{"model_name": ..., "model_version": ..., "text_output": "...",
+"finish_reason": "length", "prompt_tokens": 5, "generated_tokens": 16}` (the last three where
+the model tells them). `parameters` also takes `priority` and `timeout` as /infer does;
+unknown keys are ignored. `max_new_tokens`, carpool's name before it followed the extension,
+is still taken, with a deprecation warning in the answer's `Warning` header.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import msgspec
 import orjson
 
-from carpool.contract.generation import MAX_NEW_TOKENS, STOP, TEMPERATURE, TEXT_INPUT, TEXT_OUTPUT
+from carpool.contract.generation import (
+    FINISH_REASON,
+    GENERATED_TOKENS,
+    MAX_NEW_TOKENS,
+    MAX_TOKENS,
+    PROMPT_TOKENS,
+    SEED,
+    STOP,
+    TEMPERATURE,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+)
 from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import BYTES
 from carpool.engine.errors import BadRequest
@@ -21,13 +36,18 @@ from carpool_sidecar import counting, generation
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.inference import MODEL_VERSION
 from carpool_sidecar.oip import decode, integer_parameter, scalar_parameters, timeout_parameter
+from carpool_sidecar.streaming import Piece
 
+log = logging.getLogger(__name__)
 NOT_STOP_STRINGS = f"parameter {STOP!r} must be a string or a list of strings"
+DEPRECATED_MAX_NEW_TOKENS = f"parameter {MAX_NEW_TOKENS!r} is deprecated: use {MAX_TOKENS!r}"
 
 
 class _Parameters(msgspec.Struct):
-    max_new_tokens: msgspec.Raw = msgspec.Raw()
+    max_tokens: msgspec.Raw = msgspec.Raw()
+    max_new_tokens: msgspec.Raw = msgspec.Raw()  # deprecated
     temperature: msgspec.Raw = msgspec.Raw()
+    seed: msgspec.Raw = msgspec.Raw()
     priority: msgspec.Raw = msgspec.Raw()
     timeout: msgspec.Raw = msgspec.Raw()
     # Kept as text: its strings are counted before they are decoded.
@@ -51,31 +71,87 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
         raise BadRequest(f"{TEXT_INPUT!r} must be a string")
     raw = document.parameters or _Parameters()
     parameters = scalar_parameters(raw, STOP)
+    max_tokens, deprecations = _max_tokens(parameters)
     return GenerateRequest(
         text_input=document.text_input,
-        max_new_tokens=_max_new_tokens(parameters.get(MAX_NEW_TOKENS)),
+        max_tokens=max_tokens,
         temperature=_temperature(parameters.get(TEMPERATURE)),
         stop=_stop(raw.stop, metadata),
+        seed=_seed(parameters.get(SEED)),
         priority=integer_parameter(parameters, "priority", 0),
         timeout_ms=timeout_parameter(parameters),
+        deprecations=deprecations,
     )
+
+
+def encode_event(model_name: str, piece: Piece) -> bytes:
+    """One Server-Sent Event of `generate_stream`: a piece of text, or the last one."""
+    document = answer_document(model_name, piece.text, piece.final)
+    document["done"] = piece.final is not None
+    return b"data: " + orjson.dumps(document) + b"\n\n"
+
+
+def encode_error_event(message: str) -> bytes:
+    """The last event of a stream that broke off after its first piece."""
+    return b"data: " + orjson.dumps({"error": message}) + b"\n\n"
+
+
+def answer_headers(request: GenerateRequest) -> dict[str, str]:
+    """The answer's headers beside its content type: a `Warning` (RFC 7234's 299,
+    "miscellaneous persistent warning") for each deprecated parameter the request used."""
+    if not request.deprecations:
+        return {}
+    return {"Warning": ", ".join(f'299 carpool "{note}"' for note in request.deprecations)}
 
 
 def encode_response(response: GenerateResponse) -> bytes:
-    return orjson.dumps(
-        {
-            "model_name": response.model_name,
-            "model_version": MODEL_VERSION,
-            TEXT_OUTPUT: response.text_output,
-        }
-    )
+    return orjson.dumps(answer_document(response.model_name, response.text_output, response))
 
 
-def _max_new_tokens(value: Any) -> int | None:
+def answer_document(
+    model_name: str, text_output: str, response: GenerateResponse | None
+) -> dict[str, Any]:
+    """An answer as the extension writes it; with `response`, how that answer ended."""
+    document: dict[str, Any] = {
+        "model_name": model_name,
+        "model_version": MODEL_VERSION,
+        TEXT_OUTPUT: text_output,
+    }
+    if response is not None:
+        ending = response.ending
+        given = (
+            (FINISH_REASON, ending.finish_reason),
+            (PROMPT_TOKENS, ending.prompt_tokens),
+            (GENERATED_TOKENS, ending.generated_tokens),
+        )
+        document.update((key, value) for key, value in given if value is not None)
+    return document
+
+
+def _max_tokens(parameters: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
+    """`max_tokens`, or the deprecated `max_new_tokens` with its deprecation note."""
+    if MAX_NEW_TOKENS not in parameters:
+        return _token_count(MAX_TOKENS, parameters.get(MAX_TOKENS)), ()
+    if MAX_TOKENS in parameters:
+        raise BadRequest(f"give {MAX_TOKENS!r} only: {MAX_NEW_TOKENS!r} is its deprecated name")
+    log.info("a generate request used %s", DEPRECATED_MAX_NEW_TOKENS)
+    count = _token_count(MAX_NEW_TOKENS, parameters[MAX_NEW_TOKENS])
+    return count, (DEPRECATED_MAX_NEW_TOKENS,)
+
+
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"parameter {SEED!r} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _token_count(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise BadRequest(f"parameter {MAX_NEW_TOKENS!r} must be an integer >= 1, got {value!r}")
+        raise BadRequest(f"parameter {name!r} must be an integer >= 1, got {value!r}")
     return value
 
 

@@ -117,5 +117,15 @@ GENERATE = Operation(
     (TIMEOUT,),
     bodies.GenerationRequest,
 )
+GENERATE_STREAM = Operation(
+    "Open Inference Protocol generate extension, streamed: Server-Sent Events, one per "
+    "piece of text as the model makes it (in one piece from a model that does not stream "
+    "tokens); errors found before the first piece are answered as for generate.",
+    bodies.GenerationStreamEvent,
+    INFER_ERRORS,
+    (TIMEOUT,),
+    bodies.GenerationRequest,
+    media_type="text/event-stream",
+)
 METRICS = Operation("Prometheus metrics.", None, media_type="text/plain")
 OPENAPI = Operation("This document (OpenAPI 3.1).", None)

@@ -6,11 +6,16 @@ in any order and a caller who gave up is simply not waited for.
 
 Header (10 bytes, big-endian): payload length u32, request id u32, code u16.
 
-Sidecar -> server: code BATCH, payload a wire request (`wire.encode_request`); or code
-CANCEL, empty payload: the batch with that id is no longer wanted.
+Sidecar -> server: code BATCH, payload a wire request (`wire.encode_request`); code STREAM,
+a wire request of one item whose answer may come in pieces; or code CANCEL, empty payload:
+the batch or stream with that id is no longer wanted.
 Server -> sidecar: code 200, payload a wire response (`wire.encode_response`); or any
-other code, an HTTP status for the whole batch, payload a UTF-8 message. Every BATCH gets
-exactly one answer unless it is cancelled first.
+other code but PART, an HTTP status for the whole batch, payload a UTF-8 message. Every
+BATCH and STREAM gets exactly one such final answer unless it is cancelled first; a STREAM
+may get PART frames before it, each a wire response of one result holding the answer's next
+piece (text generation: the new text as `text_output`). A model server that predates STREAM
+answers it 400 (an unknown code); one that streams says so in its metadata
+(`streams_tokens`), and the sidecar sends STREAM to no other.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from typing import Final
 HEADER: Final = struct.Struct(">IIH")
 BATCH: Final = 0
 CANCEL: Final = 1
+STREAM: Final = 2
 OK: Final = 200
+PART: Final = 206  # HTTP's Partial Content: more frames follow for this id
 # Request ids wrap around within u32; far more batches than can ever be in flight at once.
 ID_MODULUS: Final = 2**32
 # The framed socket lies next to the model server's HTTP socket, named after it.

@@ -1,5 +1,10 @@
 """The Open Inference Protocol's generate extension, as the sidecar and a generation handler
-share it: the tensor names of one prompt and its settings, and the default length."""
+share it: the tensor names of one prompt, its settings and its answer, and the defaults.
+
+The extension's request parameter is `max_tokens`; a model takes it as its input tensor
+`max_new_tokens` (the name Hugging Face's `generate` uses, and carpool's before it followed
+the extension), so that handlers and `/infer` clients written for it keep working.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,20 @@ from typing import Final
 
 TEXT_INPUT: Final = "text_input"
 TEXT_OUTPUT: Final = "text_output"
+MAX_TOKENS: Final = "max_tokens"
 MAX_NEW_TOKENS: Final = "max_new_tokens"
 TEMPERATURE: Final = "temperature"
 STOP: Final = "stop"
-# Tokens generated when a request does not say; the sidecar fills it in, so that requests
-# with and without the setting share a batch.
-DEFAULT_MAX_NEW_TOKENS: Final = 32
+SEED: Final = "seed"
+# Optional outputs: why the answer ended (one of FINISH_REASONS) and its token counts.
+FINISH_REASON: Final = "finish_reason"
+PROMPT_TOKENS: Final = "prompt_tokens"
+GENERATED_TOKENS: Final = "generated_tokens"
+# The extension's reasons: the token limit, the model's end-of-sequence token, a stop string.
+LENGTH: Final = "length"
+EOS_TOKEN: Final = "eos_token"
+STOP_SEQUENCE: Final = "stop_sequence"
+FINISH_REASONS: Final = (LENGTH, EOS_TOKEN, STOP_SEQUENCE)
+# Tokens generated when a request does not say, the extension's default; the sidecar fills
+# it in, so that requests with and without the setting share a batch.
+DEFAULT_MAX_TOKENS: Final = 20

@@ -35,6 +35,7 @@ class TensorSpec:
     elements, the variable dimensions of padded numbers), as a handler pads texts to the
     longest of its batch; `batch_by_length=False` says an item costs the model alike whatever
     its length (an image, resized in preprocess): items of any length then share a batch.
+    An `optional` input may be left out of a request (the handler has a default for it).
     """
 
     name: str
@@ -45,6 +46,7 @@ class TensorSpec:
     minimum: float | None = None
     maximum: float | None = None
     batch_by_length: bool = True
+    optional: bool = False
 
     @property
     def variable(self) -> bool:
@@ -103,6 +105,10 @@ class Metadata:
     # The sidecar then batches such items together, grouped by length; otherwise it batches
     # only numeric items of identical shape.
     pads_variable_dims: bool = False
+    # True when the model server batches generation itself, token by token, and answers a
+    # stream frame (`frames.STREAM`) with the tokens as they come: the sidecar then sends
+    # each generate request on its own, without waiting for company.
+    streams_tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +125,7 @@ class ModelMetadata(Metadata):
             inputs=declared.inputs,
             outputs=declared.outputs,
             pads_variable_dims=declared.pads_variable_dims,
+            streams_tokens=declared.streams_tokens,
             name=name,
             max_batch_size=max_batch_size,
         )
@@ -138,6 +145,7 @@ class ModelMetadata(Metadata):
             "outputs": [_encode_spec(spec) for spec in self.outputs],
             "max_batch_size": self.max_batch_size,
             "pads_variable_dims": self.pads_variable_dims,
+            "streams_tokens": self.streams_tokens,
         }
 
     @classmethod
@@ -151,6 +159,7 @@ class ModelMetadata(Metadata):
                 outputs=tuple(_decode_spec(raw) for raw in document["outputs"]),
                 max_batch_size=int(document["max_batch_size"]),
                 pads_variable_dims=_flag(document, "pads_variable_dims", False),
+                streams_tokens=_flag(document, "streams_tokens", False),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise MetadataError(f"model server metadata is malformed: {error!r}") from error
@@ -185,6 +194,8 @@ def _encode_spec(spec: TensorSpec) -> dict[str, Any]:
             document[limit] = value
     if not spec.batch_by_length:
         document["batch_by_length"] = False
+    if spec.optional:
+        document["optional"] = True
     return document
 
 
@@ -198,7 +209,10 @@ def _decode_spec(raw: Any) -> TensorSpec:
         raise ValueError(f"a BYTES input has no {' or '.join(BOUNDS)}")
     shape = tuple(int(dim) for dim in raw["shape"])
     by_length = _flag(raw, "batch_by_length", True)
-    return TensorSpec(str(raw["name"]), datatype, shape, **limits, batch_by_length=by_length)
+    optional = _flag(raw, "optional", False)
+    return TensorSpec(
+        str(raw["name"]), datatype, shape, **limits, batch_by_length=by_length, optional=optional
+    )
 
 
 def _limit(name: str, raw: Any) -> int:
@@ -214,6 +228,7 @@ def _bound(name: str, raw: Any) -> float:
 
 
 def _flag(document: Any, name: str, default: bool) -> bool:
+    """An optional flag of the document, `default` when absent (older model servers)."""
     raw = document.get(name, default)
     if not isinstance(raw, bool):
         raise ValueError(f"{name} must be true or false, got {raw!r}")

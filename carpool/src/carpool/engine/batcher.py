@@ -26,6 +26,7 @@ from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
 from carpool.engine.execution import BatchSender
 from carpool.engine.metrics import SidecarMetrics
 from carpool.engine.pending import AnyPart, BatchKey, ItemT, PendingRequest, ResultT
+from carpool.engine.priority import rank
 from carpool.engine.scheduling import Limits, Outlook, decide
 from carpool.engine.settings import BatchingSettings
 from carpool.engine.throughput import ThroughputWindow
@@ -102,13 +103,16 @@ class Batcher(Generic[ItemT, ResultT]):
     ) -> list[ResultT]:
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
-        `deadline` is in loop time (the clock of `time.monotonic`); `lengths` are the items'
-        lengths when they vary (for the padding metric); `nbytes` is what their data holds.
+        `priority` is a level as Triton's (`carpool.engine.priority`: 1 the highest, 0 the
+        default). `deadline` is in loop time (the clock of `time.monotonic`); `lengths` are
+        the items' lengths when they vary (for the padding metric); `nbytes` is what their
+        data holds.
         Cancelling the caller (client gone) cancels its entry; its unsent items are then never
         sent.
         """
         if self._draining:
             raise Unavailable("the sidecar is shutting down")
+        queue_rank = rank(priority)
         count, limit, byte_limit = len(items), self.bounds.max_items, self.bounds.max_bytes
         self.bounds.check_items(count)
         self.bounds.check_bytes(nbytes)
@@ -124,7 +128,7 @@ class Batcher(Generic[ItemT, ResultT]):
             raise DeadlineExceeded("deadline passed before the request was queued")
         self._seq += 1
         request: PendingRequest[ItemT, ResultT] = PendingRequest(
-            items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
+            items, key, queue_rank, deadline, self._loop.create_future(), now, self._seq, lengths,
             nbytes,
         )  # fmt: skip
         request.results = [None] * count

@@ -39,7 +39,7 @@ class PendingRequest(Generic[ItemT, ResultT]):
 
     items: Sequence[ItemT]
     key: BatchKey
-    priority: int
+    priority: int  # the queue rank (`priority.rank`): higher is served first
     deadline: float  # loop.time() after which the caller gets 504
     future: asyncio.Future[list[ResultT]]
     enqueued_at: float  # time.monotonic(), the engine's clock (loop.time()'s, to the ms)

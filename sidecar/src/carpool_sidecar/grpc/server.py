@@ -66,6 +66,18 @@ def _arriving(
     return arrived
 
 
+def _arriving_stream(
+    behaviour: Callable[[Any, Context], AsyncIterator[Any]], arrivals: Arrivals
+) -> Callable[[Any, Context], AsyncIterator[Any]]:
+    # An async generator function: grpc.aio tells streaming handlers apart by that.
+    async def arrived(requests: Any, context: Context) -> AsyncIterator[Any]:
+        arrivals.count += 1
+        async for response in behaviour(requests, context):
+            yield response
+
+    return arrived
+
+
 class _UnknownMethods(grpc.GenericRpcHandler):
     """Asked last, for a method no handler serves: counts it, and grpc answers UNIMPLEMENTED."""
 
@@ -86,6 +98,13 @@ def method_handlers(
     for method in SERVICE_DESCRIPTOR.methods:
         request_type = getattr(inference_pb2, method.input_type.name)
         response_type = getattr(inference_pb2, method.output_type.name)
+        if method.client_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                _arriving_stream(getattr(servicer, method.name), arrivals),
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
+            continue
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _arriving(getattr(servicer, method.name), arrivals),
             request_deserializer=None if method.name in RAW_METHODS else request_type.FromString,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from importlib.metadata import version
 
 from google.protobuf.message import DecodeError
@@ -20,6 +21,7 @@ from carpool.contract.oip_grpc.inference_pb2 import (
     ModelMetadataResponse,
     ModelReadyRequest,
     ModelReadyResponse,
+    ModelStreamInferResponse,
     ServerLiveRequest,
     ServerLiveResponse,
     ServerMetadataRequest,
@@ -31,7 +33,7 @@ from carpool.engine.bounds import RequestBounds
 from carpool.engine.errors import BadRequest, DeadlineExceeded, QueueFull, SidecarError
 from carpool_sidecar.build import Sidecar
 from carpool_sidecar.dataplane import DataPlane
-from carpool_sidecar.grpc import codec, status
+from carpool_sidecar.grpc import codec, status, streaming
 from carpool_sidecar.grpc.status import Context
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest
 
@@ -42,7 +44,6 @@ PROTOCOL = "grpc"
 # panel reads both protocols: a call that left before its answer counts as REST's
 # CLIENT_GONE (499), one whose deadline passed as DeadlineExceeded (504).
 CLOCK_SLACK_S = 0.01
-INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
 
 
 def _parsed(message: bytes, dataplane: DataPlane, bounds: RequestBounds) -> InferRequest:
@@ -101,6 +102,13 @@ class InferenceServicer:
             outputs=[tensor(**spec.as_v2()) for spec in metadata.outputs],
         )
 
+    def ModelStreamInfer(
+        self, requests: AsyncIterator[ModelInferRequest], context: Context
+    ) -> AsyncIterator[ModelStreamInferResponse]:
+        """Triton's streaming RPC (`grpc.streaming`)."""
+        limit = self._message_limit
+        return streaming.answer(requests, self._dataplane, self._metrics, PROTOCOL, limit)
+
     async def ModelInfer(self, message: bytes, context: Context) -> ModelInferResponse:
         """Takes the message undecoded (see `server`): a call refused for load costs no
         decoding, and one that is not protobuf gets INVALID_ARGUMENT, not UNKNOWN and a
@@ -130,7 +138,7 @@ class InferenceServicer:
             await status.abort(context, error)
         except Exception:
             log.exception("unexpected error in ModelInfer")
-            await status.abort(context, INTERNAL_ERROR)
+            await status.abort(context, status.INTERNAL_ERROR)
         return response
 
     def _admit(self) -> None:

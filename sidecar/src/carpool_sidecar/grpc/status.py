@@ -15,6 +15,8 @@ from carpool.contract.oip_grpc.codes import code_of
 from carpool.engine.errors import SidecarError
 
 Context = grpc.aio.ServicerContext[Any, Any]
+# What a caller hears of a bug in the sidecar; the log has the traceback.
+INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
 
 
 def trailing_metadata(error: SidecarError) -> tuple[tuple[str, str], ...]:

@@ -64,6 +64,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelStreamInfer = channel.stream_stream(
+                '/inference.GRPCInferenceService/ModelStreamInfer',
+                request_serializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelStreamInferResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -111,6 +116,15 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStreamInfer(self, request_iterator, context):
+        """Triton's streaming extension (its grpc_service.proto): inference requests on one stream,
+        each answered by one or more responses (a generated text piece by piece), the last one
+        with the response parameter "triton_final_response" true.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +157,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferRequest.FromString,
                     response_serializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
+                    servicer.ModelStreamInfer,
+                    request_deserializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferRequest.FromString,
+                    response_serializer=carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelStreamInferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +326,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
             carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStreamInfer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inference.GRPCInferenceService/ModelStreamInfer',
+            carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelInferRequest.SerializeToString,
+            carpool_dot_contract_dot_oip__grpc_dot_inference__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,11 @@ class GRPCInferenceServiceStub:
     """A model's inputs, outputs and platform."""
     ModelInfer: _grpc.UnaryUnaryMultiCallable[_inference_pb2.ModelInferRequest, _inference_pb2.ModelInferResponse]
     """Run one inference request."""
+    ModelStreamInfer: _grpc.StreamStreamMultiCallable[_inference_pb2.ModelInferRequest, _inference_pb2.ModelStreamInferResponse]
+    """Triton's streaming extension (its grpc_service.proto): inference requests on one stream,
+    each answered by one or more responses (a generated text piece by piece), the last one
+    with the response parameter "triton_final_response" true.
+    """
 
 @_typing.type_check_only
 class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
@@ -63,6 +68,11 @@ class GRPCInferenceServiceAsyncStub(GRPCInferenceServiceStub):
     """A model's inputs, outputs and platform."""
     ModelInfer: _aio.UnaryUnaryMultiCallable[_inference_pb2.ModelInferRequest, _inference_pb2.ModelInferResponse]  # type: ignore[assignment]
     """Run one inference request."""
+    ModelStreamInfer: _aio.StreamStreamMultiCallable[_inference_pb2.ModelInferRequest, _inference_pb2.ModelStreamInferResponse]  # type: ignore[assignment]
+    """Triton's streaming extension (its grpc_service.proto): inference requests on one stream,
+    each answered by one or more responses (a generated text piece by piece), the last one
+    with the response parameter "triton_final_response" true.
+    """
 
 class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -112,5 +122,16 @@ class GRPCInferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_inference_pb2.ModelInferResponse, _abc.Awaitable[_inference_pb2.ModelInferResponse]]:
         """Run one inference request."""
+
+    @_abc_1.abstractmethod
+    def ModelStreamInfer(
+        self,
+        request_iterator: _MaybeAsyncIterator[_inference_pb2.ModelInferRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_inference_pb2.ModelStreamInferResponse], _abc.AsyncIterator[_inference_pb2.ModelStreamInferResponse]]:
+        """Triton's streaming extension (its grpc_service.proto): inference requests on one stream,
+        each answered by one or more responses (a generated text piece by piece), the last one
+        with the response parameter "triton_final_response" true.
+        """
 
 def add_GRPCInferenceServiceServicer_to_server(servicer: GRPCInferenceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,173 @@
+"""Iteration-level (continuous) batching of text generation, on transformers' own
+`ContinuousBatchingManager` with its paged KV cache.
+
+The manager runs the model on a thread of its own: at every decoding step sequences join
+(their prompt is prefilled in the same step) and leave (their pages freed), so a request
+that wants 5 tokens never waits for a neighbour that wants 500, and one that arrives while
+others decode starts at the next step. Each request's tokens come back as they are made;
+`TokenLoop.generate` turns them into text pieces whose concatenation is the whole answer,
+applies the request's stop strings (a piece never shows text a stop string may still cut)
+and ends the sequence early when its caller goes away.
+
+Decoding here is greedy: every request gets exactly the tokens `model.generate` gives it
+alone. Requests that sample go the handler's static way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from carpool.contract import generation
+from carpool_model_server.handler_text_generation import Answer, Request, cut_at_stop, finish
+
+log = logging.getLogger(__name__)
+# Tokens per page of the paged KV cache.
+PAGE_TOKENS = 32
+WARMUP_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Text a stream answers at once; the last piece carries the whole answer too."""
+
+    text: str
+    answer: Answer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopState:
+    """What the loop holds now, for the metrics."""
+
+    running: int  # sequences in the running batch
+    waiting: int  # sequences queued for a place in it
+    cache_used: float  # fraction of the KV cache's pages in use
+
+
+class TokenLoop:
+    """One manager for a loaded causal LM: `generate` streams one request's answer."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        eos_id: int | None,
+        pad_id: int,
+        max_sequences: int,
+        cache_tokens: int,
+    ) -> None:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        self.tokenizer = tokenizer
+        self.eos_id = eos_id
+        config = GenerationConfig(  # type: ignore[no-untyped-call]
+            do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id, max_new_tokens=1
+        )
+        # Sized here, not from the free memory of the device (its default): on CPU that
+        # takes a share of the whole host's memory and tens of seconds to set up.
+        sizes = ContinuousBatchingConfig(
+            num_blocks=max(1, cache_tokens // PAGE_TOKENS),
+            page_size=PAGE_TOKENS,
+            max_batch_tokens=max(PAGE_TOKENS, cache_tokens // 4),
+            max_requests_per_batch=max_sequences,
+            # Pages of finished sequences are freed, not kept for a later prompt that might
+            # share their prefix: the cache in use is the running sequences' alone.
+            allow_block_sharing=False,
+        )
+        self._manager: Any = model.init_continuous_batching(
+            generation_config=config, continuous_batching_config=sizes
+        )
+        self._ids = itertools.count()
+        self._manager.start()
+
+    def warm_up(self, prompt_ids: list[int], new_tokens: int) -> None:
+        """One request through the loop, waited for on the calling thread."""
+        request_id = self._manager.add_request(prompt_ids, "warm-up", max_new_tokens=new_tokens)
+        deadline = time.monotonic() + WARMUP_SECONDS
+        while time.monotonic() < deadline:
+            output = self._manager.get_result(request_id, timeout=1.0)
+            if output is not None and output.is_finished():
+                return
+        raise RuntimeError(f"the generation loop gave no answer in {WARMUP_SECONDS:.0f} s")
+
+    def state(self) -> LoopState:
+        processor = self._manager.batch_processor
+        if processor is None:  # before the loop's first step
+            return LoopState(0, 0, 0.0)
+        scheduler = processor.scheduler
+        used = 1.0 - float(processor.cache.compute_free_capacity(relative=True))
+        return LoopState(len(scheduler.active_requests), len(scheduler.waiting_requests), used)
+
+    def stop(self) -> None:
+        self._manager.stop(block=True, timeout=10.0)
+
+    async def generate(self, request: Request) -> AsyncGenerator[Piece, None]:
+        """The request's answer, piece by piece as its tokens come. Closing the iterator
+        early (the caller left) ends the sequence at the loop's next step."""
+        outputs: asyncio.Queue[Any] = asyncio.Queue()
+        request_id = f"carpool-{next(self._ids)}"
+        self._manager.register_result_handler(request_id, outputs.put_nowait)
+        self._manager.add_request(
+            request.prompt_ids,
+            request_id,
+            max_new_tokens=request.max_new_tokens,
+            streaming=True,
+            eos_token_id=self.eos_id,
+        )
+        shown = ""
+        finished = False  # by the loop: nothing to cancel
+        try:
+            while True:
+                output = await outputs.get()
+                if output.error is not None:
+                    raise RuntimeError(f"generation failed: {output.error}")
+                finished = output.is_finished()
+                tokens: list[int] = list(output.generated_tokens)
+                answer = self._answer(tokens, request, done=finished)
+                if answer is not None:
+                    yield Piece(_rest(answer.text, shown), answer)
+                    return
+                text = self._visible(tokens, request)
+                if len(text) > len(shown) and text.startswith(shown):
+                    yield Piece(text[len(shown) :])
+                    shown = text
+        finally:
+            if not finished:  # the caller left, or a stop string ended it
+                self._manager.cancel_request(request_id)
+            # Its handler would otherwise stay registered: a cancelled request gets no
+            # finished output that would remove it.
+            with self._manager.output_router._lock:
+                self._manager.output_router.result_handlers.pop(request_id, None)
+
+    def _answer(self, tokens: list[int], request: Request, done: bool) -> Answer | None:
+        """The whole answer once the sequence ended or a stop string cut it, else None."""
+        if done:
+            return finish(self.tokenizer, self.eos_id, tokens, request)
+        if request.stop:
+            answer = finish(self.tokenizer, self.eos_id, tokens, request)
+            if answer.finish_reason == generation.STOP_SEQUENCE:
+                return answer
+        return None
+
+    def _visible(self, tokens: list[int], request: Request) -> str:
+        """The text so far that no later token can change: a character still being spelt
+        out (U+FFFD at the end) and the tail a stop string may yet begin in are held."""
+        text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = text.rstrip("\ufffd")
+        if request.stop:
+            text = text[: max(0, len(text) - max(map(len, request.stop)) + 1)]
+        return cut_at_stop(text, request.stop)
+
+
+def _rest(text: str, shown: str) -> str:
+    """What of the answer `text` the stream has not shown yet."""
+    if not text.startswith(shown):
+        # Decoding more tokens rewrote earlier text (a tokenizer that merges across
+        # tokens): the pieces already sent stand, the answer's end follows them.
+        log.warning("streamed text is no prefix of the answer: %r, %r", shown[-20:], text[-20:])
+    return text[len(shown) :]
