@@ -67,17 +67,22 @@ class BatchQueue:
         self._groups: dict[BatchKey, Group] = {}
         self.items = 0  # unsent items of waiting requests, across groups
         self.bytes = 0  # data of requests with unsent items, across groups
+        self._by_priority: dict[int, int] = {}  # unsent items by priority, across groups
 
     def groups(self) -> Iterator[Group]:
         """The groups with a request still waiting."""
         return (group for group in self._groups.values() if group.items)
+
+    def items_from(self, priority: int) -> int:
+        """Unsent items of this priority and above: those served before one of it."""
+        return sum(items for level, items in self._by_priority.items() if level >= priority)
 
     def push(self, request: AnyRequest) -> None:
         group = self._groups.get(request.key)
         if group is None:
             group = self._groups[request.key] = Group(request.key)
         group.push(request)
-        self._count(len(request.items))
+        self._count(len(request.items), request.priority)
         self.bytes += request.queued_bytes
         request.future.add_done_callback(lambda _: self._forget(request, group))
 
@@ -96,7 +101,7 @@ class BatchQueue:
             request.sent += count
             group.items -= count
             room -= count
-            self._count(-count)
+            self._count(-count, request.priority)
             if request.unsent == 0:
                 heapq.heappop(group.heap)
                 self._release(request)
@@ -110,9 +115,14 @@ class BatchQueue:
                 request.fail(error)
         self._groups.clear()
 
-    def _count(self, change: int) -> None:
+    def _count(self, change: int, priority: int) -> None:
         self.items += change
         self._metrics.queue_items.set(self.items)
+        left = self._by_priority.get(priority, 0) + change
+        if left:
+            self._by_priority[priority] = left
+        else:
+            del self._by_priority[priority]
 
     def _release(self, request: AnyRequest) -> None:
         """Its bytes no longer count against maxQueueBytes; once, however it leaves."""
@@ -130,7 +140,7 @@ class BatchQueue:
         request.sent = len(request.items)
         if unsent:
             group.items -= unsent
-            self._count(-unsent)
+            self._count(-unsent, request.priority)
             if self._groups.get(group.key) is group:
                 if group.items <= 0:
                     del self._groups[group.key]

@@ -25,6 +25,7 @@ from carpool.engine.bounds import RequestBounds
 from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
 from carpool.engine.execution import BatchSender
 from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.objective import Objective
 from carpool.engine.pending import AnyPart, BatchKey, ItemT, PendingRequest, ResultT
 from carpool.engine.scheduling import Limits, Outlook, decide
 from carpool.engine.settings import BatchingSettings
@@ -52,6 +53,8 @@ class Batcher(Generic[ItemT, ResultT]):
         self._throughput = ThroughputWindow()
         self._timeline = ModelTimeline()
         self._arrivals = Arrivals()
+        self._objective = Objective(self._timeline, self._queue)
+        metrics.keep_objective(settings.latency_objective_s)
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
         self._inflight = 0
@@ -84,6 +87,7 @@ class Batcher(Generic[ItemT, ResultT]):
     def update(self, settings: BatchingSettings) -> None:
         """Use new batching knobs from the next batch on."""
         self._limits = dataclasses.replace(self._limits, settings=settings)
+        self._metrics.keep_objective(settings.latency_objective_s)
         self._wake.set()
 
     def retry_after_s(self) -> int:
@@ -122,6 +126,7 @@ class Batcher(Generic[ItemT, ResultT]):
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
+        self._objective.admit(self._limits, count, key, priority, deadline, now)
         self._seq += 1
         request: PendingRequest[ItemT, ResultT] = PendingRequest(
             items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
@@ -129,6 +134,7 @@ class Batcher(Generic[ItemT, ResultT]):
         )  # fmt: skip
         request.results = [None] * count
         self._queue.push(request)
+        self._objective.displace(self._limits, request, now)
         self._arrivals.arrived(count, now)
         self._idle.clear()
         self._wake.set()
@@ -147,9 +153,12 @@ class Batcher(Generic[ItemT, ResultT]):
             while True:
                 self._wake.clear()
                 now = time.monotonic()
+                limits = self._objective.limits(self._limits)
+                # On every event (an arrival, an answer), in this loop's thread.
+                self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
                 decision = decide(
                     self._queue.groups(),
-                    self._limits,
+                    limits,
                     self._inflight,
                     self._draining,
                     now,
@@ -157,7 +166,7 @@ class Batcher(Generic[ItemT, ResultT]):
                 )
                 if isinstance(decision, tuple):
                     group, reason = decision
-                    parts = self._queue.take(group, self._limits.capacity(group.key), now)
+                    parts = self._queue.take(group, limits.capacity(group.key), now)
                     if parts:
                         self._launch(parts, reason, group.key)
                     continue
