@@ -126,7 +126,7 @@ class Batcher(Generic[ItemT, ResultT]):
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
-        self._objective.admit(self._limits, count, key, priority, deadline, now)
+        predicted = self._objective.admit(self._limits, count, key, priority, deadline, now)
         self._seq += 1
         request: PendingRequest[ItemT, ResultT] = PendingRequest(
             items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
@@ -140,12 +140,15 @@ class Batcher(Generic[ItemT, ResultT]):
         self._wake.set()
         try:
             async with asyncio.timeout_at(deadline):
-                return await request.future
+                results = await request.future
         except TimeoutError:
             waited_ms = 1000 * (time.monotonic() - now)
             raise DeadlineExceeded(
                 f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
             ) from None
+        if predicted is not None:
+            self._objective.answered(predicted, time.monotonic())
+        return results
 
     async def run(self) -> None:
         """The dispatcher: runs until cancelled, then fails whatever is left with 503."""

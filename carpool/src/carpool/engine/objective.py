@@ -9,7 +9,8 @@ forming batch waits for company no longer than the objective leaves beside those
 A request is predicted its answer on arrival: the worker's free time, then the queued items
 of its priority and above and its own, in batches of that size, one after another, as the
 worker runs them; its own batch as full as the items admitted lately will make it by the
-time it starts (later arrivals join it, and its answer waits for theirs). Predicted past the
+time it starts (later arrivals join it, and its answer waits for theirs), and later by how
+much answers have come later than predicted (`Lateness`). Predicted past the
 objective or its own deadline, it is refused at once (429, its Retry-After when what is
 ahead of it has likely drained) rather than left to wait and fail. A request of higher
 priority goes ahead of queued lower-priority ones; those it pushes past their objective are
@@ -36,6 +37,11 @@ OBJECTIVE, DEADLINE, DISPLACED = LATE_REASONS
 ANY = BatchKey(None)
 # The span the rate of admitted items is averaged over (exponentially).
 RATE_HORIZON_S = 1.0
+# Predictions are held to answer this share of admitted requests in time: they are medians
+# of batch times, and a loaded machine's timers fire late.
+CALIBRATED_SHARE = 0.95
+# How far one answer moves the lateness estimate, as a share of the objective.
+CALIBRATION_STEP = 0.002
 
 
 class RecentRate:
@@ -63,6 +69,18 @@ class RecentRate:
         return math.exp(-(now - self._at) / RATE_HORIZON_S)
 
 
+class Lateness:
+    """How much later than predicted answers come, at the CALIBRATED_SHARE quantile: a
+    stochastic estimate that moves up by (1 - share) steps for each answer later than it and
+    down by share steps for each one sooner, so it settles where that share is sooner."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def add(self, late_s: float, step_s: float) -> None:
+        self.seconds += step_s * (CALIBRATED_SHARE - (late_s <= self.seconds))
+
+
 class Objective:
     def __init__(self, timeline: ModelTimeline, queue: BatchQueue) -> None:
         self._timeline = timeline
@@ -71,6 +89,7 @@ class Objective:
         # The limits last derived, and what they were derived from.
         self._derived: tuple[tuple[object, ...], Limits] | None = None
         self._admitted = RecentRate()  # items: they fill the batches ahead
+        self._lateness = Lateness()
 
     def limits(self, base: Limits) -> Limits:
         """`base` held to the objective; `base` itself without one or before anything is
@@ -97,18 +116,18 @@ class Objective:
 
     def admit(
         self, base: Limits, count: int, key: BatchKey, priority: int, deadline: float, now: float
-    ) -> None:
-        """Refuse (Late) `count` items predicted to be answered after the objective or
-        `deadline`."""
+    ) -> float | None:
+        """When `count` items will be answered, or refuse them (Late) if that is after the
+        objective or `deadline`; None without an objective (or a prediction)."""
         limits = self.limits(base)
         if limits is base:
-            return
+            return None
         ahead = self._queue.items_from(priority)
         answer_at = self._answer_at(limits, ahead + count, key, now)
         due = now + self._objective_s
-        if answer_at <= min(due, deadline):
+        if answer_at + max(0.0, self._lateness.seconds) <= min(due, deadline):
             self._admitted.add(count, now)
-            return
+            return answer_at
         reason, what = (OBJECTIVE, "the latency objective") if due <= deadline else (
             DEADLINE, "its deadline"
         )  # fmt: skip
@@ -118,6 +137,10 @@ class Objective:
             self._retry_after_s(limits, ahead, key, now),
             reason,
         )
+
+    def answered(self, predicted: float, now: float) -> None:
+        """An admitted request was answered `now`, predicted at `predicted`."""
+        self._lateness.add(now - predicted, CALIBRATION_STEP * self._objective_s)
 
     def displace(self, base: Limits, arrived: AnyRequest, now: float) -> None:
         """Refuse the queued requests of lower priority than `arrived` that it pushes past
