@@ -11,7 +11,7 @@ import pytest
 from support.timed_model import KEY, Served, TimedModel, running
 
 from carpool.engine.errors import Late
-from carpool.engine.objective import Lateness
+from carpool.engine.objective import CALIBRATED_SHARE, Lateness
 
 OBJECTIVE_MS = 200
 
@@ -94,9 +94,9 @@ async def test_batches_are_sized_so_a_waiting_request_keeps_the_objective() -> N
         await teach(served)
         learned = len(model.sizes)
         await poisson(served, 300, 1.0)
-    # (A batch of 8 when noise has made the line a little flatter.)
+    # (One more or less where the noise of a loaded machine tilts the learned line.)
     sizes = model.sizes[learned:]
-    assert max(sizes) <= 8 and sorted(sizes)[len(sizes) // 2] == 7, sizes
+    assert max(sizes) <= 8 and 6 <= sorted(sizes)[len(sizes) // 2] <= 7, sizes
 
 
 async def test_nothing_is_refused_before_batch_times_are_learned() -> None:
@@ -179,14 +179,14 @@ async def test_the_drain_gauge_predicts_the_queue_and_falls_to_zero() -> None:
         assert sample("carpool_queue_drain_seconds", {"model": "m"}) == 0
 
 
-def test_the_margin_settles_where_95_percent_of_answers_are_in_time() -> None:
-    """Answers late by 0 to 100 ms, evenly: the margin settles near 95 ms, whatever it
-    started from, and follows a machine that turns faster."""
+def test_the_margin_settles_where_the_calibrated_share_of_answers_is_in_time() -> None:
+    """Answers late by 0 to 100 ms, evenly: the margin settles near the share's quantile
+    (98 ms for 98 %), and follows a machine that turns faster."""
     lateness = Lateness()
     chance = random.Random(3)
     for _ in range(20_000):
         lateness.add(chance.uniform(0.0, 0.100), 0.0004)
-    assert lateness.seconds == pytest.approx(0.095, abs=0.005)
+    assert lateness.seconds == pytest.approx(0.1 * CALIBRATED_SHARE, abs=0.005)
     for _ in range(20_000):
         lateness.add(chance.uniform(0.0, 0.010), 0.0004)
-    assert lateness.seconds == pytest.approx(0.0095, abs=0.003)
+    assert lateness.seconds == pytest.approx(0.01 * CALIBRATED_SHARE, abs=0.003)

@@ -103,11 +103,14 @@ class Batcher(Generic[ItemT, ResultT]):
         priority: int = 0,
         lengths: Sequence[int] | None = None,
         nbytes: int = 0,
+        arrived_at: float | None = None,
     ) -> list[ResultT]:
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
         `deadline` is in loop time (the clock of `time.monotonic`); `lengths` are the items'
-        lengths when they vary (for the padding metric); `nbytes` is what their data holds.
+        lengths when they vary (for the padding metric); `nbytes` is what their data holds;
+        `arrived_at` when the request reached the front, which a latency objective counts
+        from (default: now).
         Cancelling the caller (client gone) cancels its entry; its unsent items are then never
         sent.
         """
@@ -126,7 +129,10 @@ class Batcher(Generic[ItemT, ResultT]):
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
-        predicted = self._objective.admit(self._limits, count, key, priority, deadline, now)
+        arrived_at = now if arrived_at is None else arrived_at
+        predicted = self._objective.admit(
+            self._limits, count, key, priority, deadline, now, arrived_at
+        )
         self._seq += 1
         request: PendingRequest[ItemT, ResultT] = PendingRequest(
             items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,

@@ -39,9 +39,9 @@ ANY = BatchKey(None)
 RATE_HORIZON_S = 1.0
 # Predictions are held to answer this share of admitted requests in time: they are medians
 # of batch times, and a loaded machine's timers fire late.
-CALIBRATED_SHARE = 0.95
+CALIBRATED_SHARE = 0.98
 # How far one answer moves the lateness estimate, as a share of the objective.
-CALIBRATION_STEP = 0.002
+CALIBRATION_STEP = 0.01
 
 
 class RecentRate:
@@ -115,25 +115,34 @@ class Objective:
         return ceiled
 
     def admit(
-        self, base: Limits, count: int, key: BatchKey, priority: int, deadline: float, now: float
+        self,
+        base: Limits,
+        count: int,
+        key: BatchKey,
+        priority: int,
+        deadline: float,
+        now: float,
+        arrived_at: float,
     ) -> float | None:
-        """When `count` items will be answered, or refuse them (Late) if that is after the
-        objective or `deadline`; None without an objective (or a prediction)."""
+        """When `count` items arrived at `arrived_at` will be answered, or refuse them (Late)
+        if that is after the objective or `deadline`; None without an objective or a
+        confirmed prediction."""
         limits = self.limits(base)
         if limits is base:
             return None
         ahead = self._queue.items_from(priority)
         answer_at = self._answer_at(limits, ahead + count, key, now)
-        due = now + self._objective_s
+        due = arrived_at + self._objective_s
         if answer_at + max(0.0, self._lateness.seconds) <= min(due, deadline):
             self._admitted.add(count, now)
-            return answer_at
+            # A line on lone samples is no prediction to learn the margin from.
+            return answer_at if self._timeline.worker.pooled.confirmed else None
         reason, what = (OBJECTIVE, "the latency objective") if due <= deadline else (
             DEADLINE, "its deadline"
         )  # fmt: skip
         raise Late(
-            f"refused: predicted to be answered in {1000 * (answer_at - now):.0f} ms, after "
-            f"{what} ({1000 * (min(due, deadline) - now):.0f} ms)",
+            f"refused: predicted to be answered {1000 * (answer_at - arrived_at):.0f} ms after "
+            f"arrival, after {what} ({1000 * (min(due, deadline) - arrived_at):.0f} ms)",
             self._retry_after_s(limits, ahead, key, now),
             reason,
         )
