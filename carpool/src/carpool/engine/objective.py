@@ -42,6 +42,10 @@ RATE_HORIZON_S = 1.0
 CALIBRATED_SHARE = 0.98
 # How far one answer moves the lateness estimate, as a share of the objective.
 CALIBRATION_STEP = 0.01
+# The largest margin, as a share of the objective: answers later than this say the machine
+# is overloaded, not the model (an event loop seconds behind), and a margin past the
+# objective would refuse everything, leaving no answer to learn that it has passed.
+MAX_MARGIN = 0.5
 
 
 class RecentRate:
@@ -72,13 +76,15 @@ class RecentRate:
 class Lateness:
     """How much later than predicted answers come, at the CALIBRATED_SHARE quantile: a
     stochastic estimate that moves up by (1 - share) steps for each answer later than it and
-    down by share steps for each one sooner, so it settles where that share is sooner."""
+    down by share steps for each one sooner, so it settles where that share is sooner; held
+    from 0 to `most_s`."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
 
-    def add(self, late_s: float, step_s: float) -> None:
-        self.seconds += step_s * (CALIBRATED_SHARE - (late_s <= self.seconds))
+    def add(self, late_s: float, step_s: float, most_s: float) -> None:
+        moved = self.seconds + step_s * (CALIBRATED_SHARE - (late_s <= self.seconds))
+        self.seconds = min(max(moved, 0.0), most_s)
 
 
 class Objective:
@@ -133,7 +139,7 @@ class Objective:
         ahead = self._queue.items_from(priority)
         answer_at = self._answer_at(limits, ahead + count, key, now)
         due = arrived_at + self._objective_s
-        if answer_at + max(0.0, self._lateness.seconds) <= min(due, deadline):
+        if answer_at + self._lateness.seconds <= min(due, deadline):
             self._admitted.add(count, now)
             # A line on lone samples is no prediction to learn the margin from.
             return answer_at if self._timeline.worker.pooled.confirmed else None
@@ -149,7 +155,10 @@ class Objective:
 
     def answered(self, predicted: float, now: float) -> None:
         """An admitted request was answered `now`, predicted at `predicted`."""
-        self._lateness.add(now - predicted, CALIBRATION_STEP * self._objective_s)
+        objective_s = self._objective_s
+        self._lateness.add(
+            now - predicted, CALIBRATION_STEP * objective_s, MAX_MARGIN * objective_s
+        )
 
     def displace(self, base: Limits, arrived: AnyRequest, now: float) -> None:
         """Refuse the queued requests of lower priority than `arrived` that it pushes past
