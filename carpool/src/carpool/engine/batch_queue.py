@@ -67,7 +67,9 @@ class BatchQueue:
         self._groups: dict[BatchKey, Group] = {}
         self.items = 0  # unsent items of waiting requests, across groups
         self.bytes = 0  # data of requests with unsent items, across groups
-        self._by_priority: dict[int, int] = {}  # unsent items by priority, across groups
+        # Unsent items by priority, across groups, but for priority 0 (most requests'):
+        # those are the rest of `items`.
+        self._by_priority: dict[int, int] = {}
 
     def groups(self) -> Iterator[Group]:
         """The groups with a request still waiting."""
@@ -75,7 +77,9 @@ class BatchQueue:
 
     def items_from(self, priority: int) -> int:
         """Unsent items of this priority and above: those served before one of it."""
-        return sum(items for level, items in self._by_priority.items() if level >= priority)
+        levels = self._by_priority
+        above = sum(items for level, items in levels.items() if level >= priority)
+        return above + (self.items - sum(levels.values()) if priority <= 0 else 0)
 
     def push(self, request: AnyRequest) -> None:
         group = self._groups.get(request.key)
@@ -118,11 +122,12 @@ class BatchQueue:
     def _count(self, change: int, priority: int) -> None:
         self.items += change
         self._metrics.queue_items.set(self.items)
-        left = self._by_priority.get(priority, 0) + change
-        if left:
-            self._by_priority[priority] = left
-        else:
-            del self._by_priority[priority]
+        if priority:
+            left = self._by_priority.get(priority, 0) + change
+            if left:
+                self._by_priority[priority] = left
+            else:
+                del self._by_priority[priority]
 
     def _release(self, request: AnyRequest) -> None:
         """Its bytes no longer count against maxQueueBytes; once, however it leaves."""

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Sequence
 from typing import Generic
@@ -31,6 +32,10 @@ from carpool.engine.scheduling import Limits, Outlook, decide
 from carpool.engine.settings import BatchingSettings
 from carpool.engine.throughput import ThroughputWindow
 from carpool.engine.timeline import ModelTimeline
+
+# How stale carpool_queue_drain_seconds may be while work is queued or running: scrapes come
+# seconds apart, and a dispatcher's loop turns thousands of times a second.
+DRAIN_GAUGE_S = 0.05
 
 
 class Batcher(Generic[ItemT, ResultT]):
@@ -54,6 +59,7 @@ class Batcher(Generic[ItemT, ResultT]):
         self._timeline = ModelTimeline()
         self._arrivals = Arrivals()
         self._objective = Objective(self._timeline, self._queue)
+        self._drain_set_at = -math.inf
         metrics.keep_objective(settings.latency_objective_s)
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
@@ -129,10 +135,14 @@ class Batcher(Generic[ItemT, ResultT]):
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
-        arrived_at = now if arrived_at is None else arrived_at
-        predicted = self._objective.admit(
-            self._limits, count, key, priority, deadline, now, arrived_at
-        )
+        # Without an objective, none of its work: this path runs for every request.
+        keeping = bool(self._limits.settings.latency_objective_ms)
+        predicted = None
+        if keeping:
+            arrived_at = now if arrived_at is None else arrived_at
+            predicted = self._objective.admit(
+                self._limits, count, key, priority, deadline, now, arrived_at
+            )
         self._seq += 1
         request: PendingRequest[ItemT, ResultT] = PendingRequest(
             items, key, priority, deadline, self._loop.create_future(), now, self._seq, lengths,
@@ -140,7 +150,8 @@ class Batcher(Generic[ItemT, ResultT]):
         )  # fmt: skip
         request.results = [None] * count
         self._queue.push(request)
-        self._objective.displace(self._limits, request, now)
+        if keeping:
+            self._objective.displace(self._limits, request, now)
         self._arrivals.arrived(count, now)
         self._idle.clear()
         self._wake.set()
@@ -163,8 +174,7 @@ class Batcher(Generic[ItemT, ResultT]):
                 self._wake.clear()
                 now = time.monotonic()
                 limits = self._objective.limits(self._limits)
-                # On every event (an arrival, an answer), in this loop's thread.
-                self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
+                self._drain_gauge(limits, now)
                 decision = decide(
                     self._queue.groups(),
                     limits,
@@ -220,6 +230,16 @@ class Batcher(Generic[ItemT, ResultT]):
             arrivals.per_second(now),
             tuple(company),
         )
+
+    def _drain_gauge(self, limits: Limits, now: float) -> None:
+        """carpool_queue_drain_seconds, from this loop's thread, on an event (an arrival, an
+        answer): at once when work starts or ends, at most every DRAIN_GAUGE_S between."""
+        if self._queue.items == 0 and self._inflight == 0:
+            self._metrics.queue_drain.set(0.0)
+            self._drain_set_at = -math.inf
+        elif now >= self._drain_set_at + DRAIN_GAUGE_S:
+            self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
+            self._drain_set_at = now
 
     def _changed(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:
