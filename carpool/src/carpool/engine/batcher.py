@@ -174,7 +174,6 @@ class Batcher(Generic[ItemT, ResultT]):
                 self._wake.clear()
                 now = time.monotonic()
                 limits = self._objective.limits(self._limits)
-                self._drain_gauge(limits, now)
                 decision = decide(
                     self._queue.groups(),
                     limits,
@@ -189,6 +188,8 @@ class Batcher(Generic[ItemT, ResultT]):
                     if parts:
                         self._launch(parts, reason, group.key)
                     continue
+                # Nothing to send now: off the way of a batch that leaves.
+                self._drain_gauge(limits, now)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(decision):
                         await self._wake.wait()
