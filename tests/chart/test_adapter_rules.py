@@ -7,6 +7,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from chart.rendering import by_kind, render
 from prometheus_client import CollectorRegistry, generate_latest
@@ -18,22 +19,35 @@ from carpool.engine.metrics import SidecarMetrics
 QUEUES = {("ml", "m-7d9f-a"): 6, ("ml", "m-7d9f-b"): 2, ("other", "m-5c2e-a"): 50}
 
 
+# The predicted drain of a queue: seconds per queued item.
+DRAIN_S = 0.25
+
+
 def sidecar_metrics(queued: int) -> bytes:
     """A sidecar's metrics, `queued` items waiting, as its /metrics would serve them."""
     registry = CollectorRegistry()
-    SidecarMetrics(registry, model="m").queue_items.set(queued)
+    metrics = SidecarMetrics(registry, model="m")
+    metrics.queue_items.set(queued)
+    metrics.queue_drain.set(queued * DRAIN_S)
     return generate_latest(registry)
 
 
-def adapter_rule() -> dict[str, Any]:
+def adapter_rule(metric: str = "carpool_queue_items") -> dict[str, Any]:
     manifests = render(sets=("customMetrics.adapterRules.enabled=true",))
     (rules,) = [m for m in by_kind(manifests, "ConfigMap") if "config.yaml" in m["data"]]
-    (rule,) = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+    (rule,) = [
+        rule
+        for rule in yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+        if rule["name"]["as"] == metric
+    ]
     return dict(rule)
 
 
-def test_the_rule_gives_each_pod_its_queue(tmp_path: Path) -> None:
-    rule = adapter_rule()
+@pytest.mark.parametrize(
+    "metric,per_item", [("carpool_queue_items", 1.0), ("carpool_queue_drain_seconds", DRAIN_S)]
+)
+def test_the_rule_gives_each_pod_its_queue(tmp_path: Path, metric: str, per_item: float) -> None:
+    rule = adapter_rule(metric)
     with ExitStack() as stack:
         jobs, labels = {}, {}
         for (namespace, pod), queued in QUEUES.items():
@@ -55,4 +69,4 @@ def test_the_rule_gives_each_pod_its_queue(tmp_path: Path) -> None:
             .replace("<<.GroupBy>>", "pod")
         )
         found = {s["metric"]["pod"]: float(s["value"][1]) for s in prometheus.query(query)}
-        assert found == {"m-7d9f-a": 6.0, "m-7d9f-b": 2.0}
+        assert found == {"m-7d9f-a": 6 * per_item, "m-7d9f-b": 2 * per_item}

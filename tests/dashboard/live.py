@@ -136,6 +136,9 @@ def live_metrics(
         run_pair(
             tmp_path,
             HANDLER,
+            # An objective no request misses: the latency objective's panels have data.
+            "--latency-objective-ms",
+            "10000",
             model_args=("--metrics-port", str(metrics_ports[MODEL])),
             env=env,
             model=MODEL,

@@ -7,7 +7,7 @@ The model takes 0.3 s per batch and the sidecar sends one item at a time, so a f
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -23,12 +23,6 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     tmp_path = tmp_path_factory.mktemp("overload")
     with run_pair(tmp_path, "model_handlers:SlowInferHandler", *SIDECAR_ARGS, env=SLOW) as both:
         yield both
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def start_blocker(http: aiohttp.ClientSession, sidecar: Sidecar) -> asyncio.Task[object]:

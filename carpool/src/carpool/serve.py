@@ -64,6 +64,11 @@ DRAIN_DELAY_S = 0.5
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--grpc-port", default=pod.GRPC_PORT, show_default=True, type=int, help="0: no gRPC")
 @knob_options(None)
+@click.option(
+    "--config-file",
+    type=click.Path(dir_okay=False),
+    help="the sidecar's batching settings JSON, reloaded live (as `carpool tune` rewrites it)",
+)
 @click.option("--demo-load", is_flag=True, help="send a short load, print a report, stop")
 @click.option("--demo-clients", default=32, show_default=True, type=int)
 @click.option("--demo-seconds", default=5.0, show_default=True, type=float)
@@ -74,6 +79,7 @@ def command(
     host: str,
     port: int,
     grpc_port: int,
+    config_file: str | None,
     demo_load: bool,
     demo_clients: int,
     demo_seconds: float,
@@ -96,6 +102,8 @@ def command(
     sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", str(DRAIN_DELAY_S)]
     model += _flags(passed, MODEL_FLAGS)
     sidecar += knob_arguments(passed)
+    if config_file is not None:
+        sidecar += ["--config-file", config_file]
     demo = Demo(demo_clients, demo_seconds, demo_requests) if demo_load else None
     if demo is not None:
         threads = passed["torch_threads"] or "torch default"

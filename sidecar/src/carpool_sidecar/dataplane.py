@@ -132,7 +132,7 @@ class DataPlane:
         fixed = _fixed_answer_bytes(metadata, output_names, binary, inputs[0].items)
         self.answers.check(echoed + fixed, answer_limit)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
-        results = await self._submit(inputs, metadata, deadline, request.priority)
+        results = await self._submit(inputs, metadata, deadline, request.priority, arrived_at)
         parts = {name: _output_of_items(name, results) for name in output_names}
         held = self.answers.hold(echoed + _answer_bytes(parts, binary), answer_limit)
         try:
@@ -203,7 +203,7 @@ class DataPlane:
                     text, ending = piece.final.text_output, piece.final.ending
             output = Tensor(BYTES, (1,), [text.encode()])
         else:
-            results = await self._submit(inputs, metadata, deadline, request.priority)
+            results = await self._submit(inputs, metadata, deadline, request.priority, arrived_at)
             (output,) = _output_of_items(TEXT_OUTPUT, results)
             ending = generation.ending_of(results[0].outputs or {})
             text = generation.text_of(output)
@@ -266,13 +266,20 @@ class DataPlane:
         metadata: ModelMetadata,
         deadline: float,
         priority: int,
+        arrived_at: float,
     ) -> Sequence[ItemResult]:
         """Check the inputs, cut them into items and await one result per item."""
         items = RequestItems(inputs, _check_inputs(inputs, metadata))
         nbytes = sum(tensor.nbytes for tensor in inputs)
         key, lengths = _batch_key(inputs, metadata)
         return await self.batcher.submit(
-            items, key, deadline, priority=priority, lengths=lengths, nbytes=nbytes
+            items,
+            key,
+            deadline,
+            priority=priority,
+            lengths=lengths,
+            nbytes=nbytes,
+            arrived_at=arrived_at,
         )
 
 

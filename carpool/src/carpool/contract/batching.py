@@ -161,9 +161,31 @@ class Batching:
         ),
     )
 
+    # 0 keeps no objective: nothing is refused for being late, batches are as the knobs say.
+    latency_objective_ms: float = field(
+        default=0,
+        metadata=_knob(
+            "latencyObjectiveMs",
+            "answer within this many ms, refusing (429) what cannot be; 0 is none",
+            "The latency a request should be answered within, from arrival; 0 means none. "
+            "With one, batches are no larger than lets a request that waited for the running "
+            "batch still finish within it, and a request predicted to finish after it (or "
+            "after its own deadline) is refused at once with 429 and a Retry-After, as are "
+            "queued lower-priority requests a higher-priority one pushes past theirs. Nothing "
+            "is refused before batch durations have been learned.",
+            minimum=0,
+            maximum=3_600_000,
+            fractional=True,
+        ),
+    )
+
     @property
     def max_wait_s(self) -> float:
         return self.max_wait_ms / 1000
+
+    @property
+    def latency_objective_s(self) -> float:
+        return self.latency_objective_ms / 1000
 
     def overlay(self, given: Mapping[str, Any]) -> Self:
         """These settings with those `given` (by file key) put over them; KeyError for a key

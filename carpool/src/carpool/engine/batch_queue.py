@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from carpool.engine.errors import DeadlineExceeded
 from carpool.engine.metrics import SidecarMetrics
 from carpool.engine.pending import AnyPart, AnyRequest, BatchKey, Part
+from carpool.engine.priority import DEFAULT_RANK
 
 
 @dataclass(slots=True, eq=False)
@@ -67,17 +68,26 @@ class BatchQueue:
         self._groups: dict[BatchKey, Group] = {}
         self.items = 0  # unsent items of waiting requests, across groups
         self.bytes = 0  # data of requests with unsent items, across groups
+        # Unsent items by queue rank, across groups, but for the default level's (most
+        # requests'): those are the rest of `items`.
+        self._by_priority: dict[int, int] = {}
 
     def groups(self) -> Iterator[Group]:
         """The groups with a request still waiting."""
         return (group for group in self._groups.values() if group.items)
+
+    def items_from(self, rank: int) -> int:
+        """Unsent items of this queue rank and above: those served before one of it."""
+        ranks = self._by_priority
+        above = sum(items for level, items in ranks.items() if level >= rank)
+        return above + (self.items - sum(ranks.values()) if rank <= DEFAULT_RANK else 0)
 
     def push(self, request: AnyRequest) -> None:
         group = self._groups.get(request.key)
         if group is None:
             group = self._groups[request.key] = Group(request.key)
         group.push(request)
-        self._count(len(request.items))
+        self._count(len(request.items), request.priority)
         self.bytes += request.queued_bytes
         request.future.add_done_callback(lambda _: self._forget(request, group))
 
@@ -96,7 +106,7 @@ class BatchQueue:
             request.sent += count
             group.items -= count
             room -= count
-            self._count(-count)
+            self._count(-count, request.priority)
             if request.unsent == 0:
                 heapq.heappop(group.heap)
                 self._release(request)
@@ -110,9 +120,15 @@ class BatchQueue:
                 request.fail(error)
         self._groups.clear()
 
-    def _count(self, change: int) -> None:
+    def _count(self, change: int, priority: int) -> None:
         self.items += change
         self._metrics.queue_items.set(self.items)
+        if priority != DEFAULT_RANK:
+            left = self._by_priority.get(priority, 0) + change
+            if left:
+                self._by_priority[priority] = left
+            else:
+                del self._by_priority[priority]
 
     def _release(self, request: AnyRequest) -> None:
         """Its bytes no longer count against maxQueueBytes; once, however it leaves."""
@@ -130,7 +146,7 @@ class BatchQueue:
         request.sent = len(request.items)
         if unsent:
             group.items -= unsent
-            self._count(-unsent)
+            self._count(-unsent, request.priority)
             if self._groups.get(group.key) is group:
                 if group.items <= 0:
                     del self._groups[group.key]

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Sequence
 from typing import Generic
@@ -25,12 +26,17 @@ from carpool.engine.bounds import RequestBounds
 from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
 from carpool.engine.execution import BatchSender
 from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.objective import Objective
 from carpool.engine.pending import AnyPart, BatchKey, ItemT, PendingRequest, ResultT
 from carpool.engine.priority import rank
 from carpool.engine.scheduling import Limits, Outlook, decide
 from carpool.engine.settings import BatchingSettings
 from carpool.engine.throughput import ThroughputWindow
 from carpool.engine.timeline import ModelTimeline
+
+# How stale carpool_queue_drain_seconds may be while work is queued or running: scrapes come
+# seconds apart, and a dispatcher's loop turns thousands of times a second.
+DRAIN_GAUGE_S = 0.05
 
 
 class Batcher(Generic[ItemT, ResultT]):
@@ -53,6 +59,9 @@ class Batcher(Generic[ItemT, ResultT]):
         self._throughput = ThroughputWindow()
         self._timeline = ModelTimeline()
         self._arrivals = Arrivals()
+        self._objective = Objective(self._timeline, self._queue)
+        self._drain_set_at = -math.inf
+        metrics.keep_objective(settings.latency_objective_s)
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
         self._inflight = 0
@@ -85,6 +94,7 @@ class Batcher(Generic[ItemT, ResultT]):
     def update(self, settings: BatchingSettings) -> None:
         """Use new batching knobs from the next batch on."""
         self._limits = dataclasses.replace(self._limits, settings=settings)
+        self._metrics.keep_objective(settings.latency_objective_s)
         self._wake.set()
 
     def retry_after_s(self) -> int:
@@ -100,13 +110,15 @@ class Batcher(Generic[ItemT, ResultT]):
         priority: int = 0,
         lengths: Sequence[int] | None = None,
         nbytes: int = 0,
+        arrived_at: float | None = None,
     ) -> list[ResultT]:
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
         `priority` is a level as Triton's (`carpool.engine.priority`: 1 the highest, 0 the
         default). `deadline` is in loop time (the clock of `time.monotonic`); `lengths` are
         the items' lengths when they vary (for the padding metric); `nbytes` is what their
-        data holds.
+        data holds; `arrived_at` when the request reached the front, which a latency
+        objective counts from (default: now).
         Cancelling the caller (client gone) cancels its entry; its unsent items are then never
         sent.
         """
@@ -126,6 +138,14 @@ class Batcher(Generic[ItemT, ResultT]):
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
+        # Without an objective, none of its work: this path runs for every request.
+        keeping = bool(self._limits.settings.latency_objective_ms)
+        predicted = None
+        if keeping:
+            arrived_at = now if arrived_at is None else arrived_at
+            predicted = self._objective.admit(
+                self._limits, count, key, queue_rank, deadline, now, arrived_at
+            )
         self._seq += 1
         request: PendingRequest[ItemT, ResultT] = PendingRequest(
             items, key, queue_rank, deadline, self._loop.create_future(), now, self._seq, lengths,
@@ -133,17 +153,22 @@ class Batcher(Generic[ItemT, ResultT]):
         )  # fmt: skip
         request.results = [None] * count
         self._queue.push(request)
+        if keeping:
+            self._objective.displace(self._limits, request, now)
         self._arrivals.arrived(count, now)
         self._idle.clear()
         self._wake.set()
         try:
             async with asyncio.timeout_at(deadline):
-                return await request.future
+                results = await request.future
         except TimeoutError:
             waited_ms = 1000 * (time.monotonic() - now)
             raise DeadlineExceeded(
                 f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
             ) from None
+        if predicted is not None:
+            self._objective.answered(predicted, time.monotonic())
+        return results
 
     async def run(self) -> None:
         """The dispatcher: runs until cancelled, then fails whatever is left with 503."""
@@ -151,9 +176,10 @@ class Batcher(Generic[ItemT, ResultT]):
             while True:
                 self._wake.clear()
                 now = time.monotonic()
+                limits = self._objective.limits(self._limits)
                 decision = decide(
                     self._queue.groups(),
-                    self._limits,
+                    limits,
                     self._inflight,
                     self._draining,
                     now,
@@ -161,10 +187,12 @@ class Batcher(Generic[ItemT, ResultT]):
                 )
                 if isinstance(decision, tuple):
                     group, reason = decision
-                    parts = self._queue.take(group, self._limits.capacity(group.key), now)
+                    parts = self._queue.take(group, limits.capacity(group.key), now)
                     if parts:
                         self._launch(parts, reason, group.key)
                     continue
+                # Nothing to send now: off the way of a batch that leaves.
+                self._drain_gauge(limits, now)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(decision):
                         await self._wake.wait()
@@ -206,6 +234,16 @@ class Batcher(Generic[ItemT, ResultT]):
             arrivals.per_second(now),
             tuple(company),
         )
+
+    def _drain_gauge(self, limits: Limits, now: float) -> None:
+        """carpool_queue_drain_seconds, from this loop's thread, on an event (an arrival, an
+        answer): at once when work starts or ends, at most every DRAIN_GAUGE_S between."""
+        if self._queue.items == 0 and self._inflight == 0:
+            self._metrics.queue_drain.set(0.0)
+            self._drain_set_at = -math.inf
+        elif now >= self._drain_set_at + DRAIN_GAUGE_S:
+            self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
+            self._drain_set_at = now
 
     def _changed(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:

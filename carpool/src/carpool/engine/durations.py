@@ -57,6 +57,11 @@ class DurationFit:
     def known(self) -> bool:
         return bool(self._sizes)
 
+    @property
+    def confirmed(self) -> bool:
+        """Whether the line rests on a size seen twice, not on lone samples."""
+        return self._confirmed
+
     def covers(self, size: int | None) -> bool:
         """Whether the line rests on this size (None: any size), or on more than one size."""
         return size in self._sizes or len(self._sizes) > 1

@@ -76,6 +76,25 @@ class QueueFull(SidecarError):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
+# The `carpool_rejected_total` reasons of Late: predicted past latencyObjectiveMs, past the
+# request's own deadline, or pushed past either by a request of higher priority.
+LATE_REASONS = ("objective", "cannot_meet_deadline", "displaced")
+
+
+class Late(QueueFull):
+    """Refused at once because it is predicted to be answered too late (latencyObjectiveMs)."""
+
+    description = (
+        "Predicted to be answered after latencyObjectiveMs or its own deadline, or pushed "
+        "past them in the queue by a request of higher priority. Retry-After says when the "
+        "queue ahead of it has likely drained."
+    )
+
+    def __init__(self, message: str, retry_after_s: int, reason: str) -> None:
+        super().__init__(message, retry_after_s)
+        self.rejected_reason = reason
+
+
 class ModelError(SidecarError):
     """An error the model server reported for one item, with the status it chose."""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from carpool.engine.errors import CLIENT_GONE, SidecarError
+from carpool.engine.errors import CLIENT_GONE, LATE_REASONS, SidecarError
 
 BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))  # 1, 2, 4 ... 1024
 LATENCY_BUCKETS = (
@@ -116,11 +116,35 @@ class SidecarMetrics:
             ["model"],
             registry=registry,
         ).labels(model)
+        # The latency objective (latencyObjectiveMs) and how it is kept.
+        self.objective = Gauge(
+            "carpool_latency_objective_seconds",
+            "The latency objective requests should be answered within; 0: none.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
+        self.within_objective = Counter(
+            "carpool_requests_within_objective_total",
+            "Requests answered successfully within the latency objective (goodput, against "
+            "carpool_requests_total); none counted without an objective.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
+        self.queue_drain = Gauge(
+            "carpool_queue_drain_seconds",
+            "Predicted time for the model server to run the batches in flight and every "
+            "queued item, from the learned batch durations; 0 until they are learned.",
+            ["model"],
+            registry=registry,
+        ).labels(model)
+        self._objective_s = 0.0
         self._model = model
         # Create every labelled child up front so dashboards see zeros, not gaps.
         for reason in ("full", "timeout", "idle", "model_ready", "drain"):
             self.batches.labels(model, reason)
-        for reason in ("queue_full", "deadline", "too_large", "bad_request", "body_timeout"):
+        for reason in (
+            "queue_full", "deadline", "too_large", "bad_request", "body_timeout", *LATE_REASONS
+        ):  # fmt: skip
             self.rejected.labels(model, reason)
         for protocol in PROTOCOLS:
             self.request_duration.labels(model, protocol)
@@ -137,6 +161,11 @@ class SidecarMetrics:
         self.model_item.set(item_s)
         self.model_hop.set(hop_s)
 
+    def keep_objective(self, objective_s: float) -> None:
+        """Count answers within `objective_s` from now on (0: none)."""
+        self._objective_s = objective_s
+        self.objective.set(objective_s)
+
     def reject(self, reason: str) -> None:
         self.rejected.labels(self._model, reason).inc()
 
@@ -151,6 +180,8 @@ class SidecarMetrics:
         requests, duration = children
         requests.inc()
         duration.observe(seconds)
+        if self._objective_s and code < 300 and seconds <= self._objective_s:
+            self.within_objective.inc()
 
     @contextmanager
     def answering(

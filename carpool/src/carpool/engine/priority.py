@@ -13,7 +13,7 @@ from carpool.engine.errors import BadRequest
 
 DEFAULT_LEVEL: Final = 0
 # Below the rank of any level a client can send (Triton's levels are uint64 at most).
-_DEFAULT_RANK: Final = -(2**64)
+DEFAULT_RANK: Final = -(2**64)
 
 
 def rank(level: int) -> int:
@@ -23,4 +23,4 @@ def rank(level: int) -> int:
             f"parameter 'priority' must be >= 0 (1 is the highest level, 0 the default), "
             f"got {level}"
         )
-    return _DEFAULT_RANK if level == DEFAULT_LEVEL else -level
+    return DEFAULT_RANK if level == DEFAULT_LEVEL else -level

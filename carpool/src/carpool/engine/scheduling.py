@@ -30,12 +30,16 @@ class Limits:
     settings: BatchingSettings
     # The model server's own largest batch, once its metadata is known.
     model_max_batch_size: int | None = None
+    # The largest batch of a key that keeps a latency objective (`objective`), if one is set.
+    ceiling: Callable[[BatchKey], int] | None = None
 
     def capacity(self, key: BatchKey) -> int:
         settings = self.settings
         limit = settings.max_batch_size
         if self.model_max_batch_size:
             limit = min(limit, self.model_max_batch_size)
+        if self.ceiling is not None:
+            limit = min(limit, self.ceiling(key))
         if key.bucket is None or not settings.max_batch_tokens:
             return limit
         # Every item of the group pads to at most its bucket length.

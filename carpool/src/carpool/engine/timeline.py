@@ -74,12 +74,16 @@ class ModelTimeline:
         ones are done (or when it was last free); None while nothing has been learned."""
         if not self.known:
             return None
-        free = max((end for _, end in self._worker_ends()), default=self._free_at)
+        free = self.worker_free_at()
         lead = self.hop_s() / 2
         if self.prepare.known:
             prepare = self.prepare.pooled
             lead += prepare.predict(round(prepare.mean_size))
         return free - lead
+
+    def worker_free_at(self) -> float:
+        """When the worker is predicted to finish the running batches (or was last free)."""
+        return max((end for _, end in self._worker_ends()), default=self._free_at)
 
     def next_answer(self) -> tuple[int, float] | None:
         """The size of the batch answered next, and when; None when none runs or nothing has

@@ -1,0 +1,1 @@
+"""`carpool tune`: the batching settings with the most throughput at a latency objective."""

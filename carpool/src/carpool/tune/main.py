@@ -1,0 +1,209 @@
+"""`carpool tune`: search a live sidecar's batching settings for the most throughput whose
+latency at a percentile meets an objective, at a given load.
+
+    carpool serve --handler stand-in --handler-options preset=slow --config-file /tmp/b.json &
+    carpool tune --settings-file /tmp/b.json --objective-ms 200 --rate 150 \\
+        --snippet batching.yaml --plot frontier.png
+
+The sidecar must read its settings from the file given (`--config-file`, in a pod the
+ConfigMap's batching.json): each trial writes its settings there and the sidecar takes them
+without a restart. At the end the file holds the best settings found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+import click
+import orjson
+
+from carpool.comma_list import CommaList
+from carpool.contract.batching import DISPATCH_MODES, Batching
+from carpool.loadgen import runner, workload
+from carpool.loadgen.main import DEFAULT_INPUT_NAMES, DEFAULT_MODEL_NAMES
+from carpool.tune import output, search
+from carpool.tune.trial import Load, SettingsFile, Trials
+
+# A second for the sidecar's poll of its settings file, and some for the batches in flight.
+SETTLE_S = 1.5
+
+
+@click.command()
+@click.option("--url", default="http://127.0.0.1:8080", show_default=True, help="The sidecar.")
+@click.option(
+    "--settings-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The sidecar's --config-file, which each trial rewrites.",
+)
+@click.option("--objective-ms", type=click.FloatRange(min=0, min_open=True), required=True)
+@click.option(
+    "--percentile",
+    type=click.FloatRange(0, 100, min_open=True),
+    default=99.0,
+    show_default=True,
+    help="The latency held to the objective; refused and failed requests count as misses.",
+)
+@click.option("--concurrency", type=click.IntRange(min=1), help="Closed loop: this many clients.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Poisson requests/s.")
+@click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per trial.")
+@click.option("--warmup", type=float, default=1.0, show_default=True, help="Unrecorded seconds.")
+@click.option("--settle", type=float, default=SETTLE_S, show_default=True, help="Seconds.")
+@click.option(
+    "--max-batch-size",
+    "batch_sizes",
+    type=CommaList(click.IntRange(1, 1024)),
+    default="4,8,16,32,64",
+    show_default=True,
+)
+@click.option(
+    "--max-wait-ms",
+    "waits",
+    type=CommaList(click.IntRange(0, 10_000)),
+    default="0,2,5,10",
+    show_default=True,
+)
+@click.option(
+    "--dispatch",
+    "dispatches",
+    type=CommaList(click.Choice(DISPATCH_MODES)),
+    default=",".join(DISPATCH_MODES),
+    show_default=True,
+)
+@click.option(
+    "--max-inflight-batches",
+    "inflights",
+    type=CommaList(click.IntRange(1, 64)),
+    default="1,2,4",
+    show_default=True,
+)
+@click.option("--grid", is_flag=True, help="Measure every point, not a coordinate search.")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--model-name", default=None, help="[default: the payload's built-in handler]")
+@click.option("--payload", type=click.Choice(["text", "toy"]), default="toy", show_default=True)
+@click.option(
+    "--text-length", type=click.Choice(workload.TEXT_LENGTHS), default="mixed", show_default=True
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--snippet", type=click.Path(path_type=Path), help="Write spec.batching (YAML).")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="The frontier, PNG.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Every trial.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def command(
+    url: str,
+    settings_file: Path,
+    objective_ms: float,
+    percentile: float,
+    concurrency: int | None,
+    rate: float | None,
+    duration: float,
+    warmup: float,
+    settle: float,
+    batch_sizes: tuple[int, ...],
+    waits: tuple[int, ...],
+    dispatches: tuple[str, ...],
+    inflights: tuple[int, ...],
+    grid: bool,
+    rounds: int,
+    model_name: str | None,
+    payload: Literal["text", "toy"],
+    text_length: workload.TextLength,
+    seed: int,
+    snippet: Path | None,
+    plot_path: Path | None,
+    json_path: Path | None,
+    quiet: bool,
+) -> None:
+    """Find the batching settings with the most throughput whose latency meets an objective."""
+    if (concurrency is None) == (rate is None):
+        raise click.UsageError("give --concurrency or --rate, one of them")
+    if duration <= 0:
+        raise click.BadParameter("must be positive", param_hint="--duration")
+    space = search.Space(
+        (
+            search.Dimension("maxBatchSize", batch_sizes),
+            search.Dimension("maxWaitMs", waits),
+            search.Dimension("dispatch", dispatches),
+            search.Dimension("maxInflightBatches", inflights),
+        )
+    )
+    try:
+        file = SettingsFile(settings_file)
+    except (ValueError, orjson.JSONDecodeError) as error:
+        raise click.ClickException(f"{settings_file}: {error}") from None
+    load = Load(
+        mode="rate" if rate is not None else "concurrency",
+        level=rate if rate is not None else float(concurrency or 1),
+        duration_s=duration,
+        warmup_s=warmup,
+        percentile=percentile,
+        seed=seed,
+    )
+    spec = workload.WorkloadSpec(
+        protocol="oip-json",
+        payload=payload,
+        model_name=model_name or DEFAULT_MODEL_NAMES[payload],
+        input_name=DEFAULT_INPUT_NAMES[payload],
+        input_shape=(4,),
+        text_length=text_length,
+        batch_per_request=1,
+        seed=seed,
+    )
+    objective_s = objective_ms / 1000
+    try:
+        trials = asyncio.run(
+            _search(url, space, file, load, settle, not quiet, grid, rounds, objective_s, spec)
+        )
+    except runner.ServerUnreachable as error:
+        raise click.ClickException(str(error)) from None
+    winner = search.best(trials, objective_s)
+    file.write(winner.settings)
+    click.echo(output.table(trials, winner, load, objective_s))
+    text = output.snippet(winner, load, objective_s)
+    click.echo(text)
+    if not search.meets(winner, objective_s):
+        click.echo(f"no setting met the objective; the nearest is above, in {settings_file}")
+    if snippet is not None:
+        snippet.write_text(text)
+    if json_path is not None:
+        json_path.write_bytes(output.to_json(trials, winner, load, objective_s))
+    if plot_path is not None:
+        output.plot(trials, winner, load, objective_s, plot_path)
+
+
+async def _search(
+    url: str,
+    space: search.Space,
+    file: SettingsFile,
+    load: Load,
+    settle: float,
+    progress: bool,
+    grid: bool,
+    rounds: int,
+    objective_s: float,
+    spec: workload.WorkloadSpec,
+) -> list[search.Trial]:
+    start = space.nearest(Batching().as_file())
+    # A coordinate search's first round, as the progress bar's guess of its length.
+    first_round = 1 + sum(len(dimension.values) - 1 for dimension in space.dimensions)
+    connector = aiohttp.TCPConnector(
+        limit=max(int(load.level), 1) if load.mode == "concurrency" else 1024
+    )
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await runner.check_answers(session, url)
+        send = runner.make_sender(session, url, workload.build(spec))
+        trials = Trials(
+            space,
+            file,
+            send,
+            load,
+            settle,
+            progress,
+            lambda: space.size() if grid else max(first_round, trials.done),
+        )
+        if grid:
+            return await search.full_grid(space, trials.measure)
+        return await search.coordinate_search(space, start, trials.measure, objective_s, rounds)

@@ -1,0 +1,78 @@
+"""A latency objective through the sidecar: what cannot be answered in time is refused at
+once with 429 and Retry-After, and the metrics show goodput and the predicted drain.
+
+The model takes 0.3 s per batch of one item, and the objective is 1 s: behind a batch that
+runs, two queued requests can still make it, a third cannot while the running batch has more
+than 0.1 s to go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from support.model_server import SUPPORT_DIR
+from support.sidecar import Pair, infer, metric, run_pair, until, v2_body
+
+SIDECAR_ARGS = (
+    "--max-batch-size", "1", "--max-inflight-batches", "1", "--latency-objective-ms", "1000",
+)  # fmt: skip
+SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.3"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    tmp_path = tmp_path_factory.mktemp("objective")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *SIDECAR_ARGS, env=SLOW) as both:
+        yield both
+
+
+async def test_what_would_answer_late_is_refused_at_once(
+    pair: Pair, http: aiohttp.ClientSession
+) -> None:
+    sidecar = pair.sidecar
+    assert metric(sidecar, "carpool_latency_objective_seconds") == 1.0
+    # Batch times are learned from the first answers.
+    for _ in range(2):
+        assert (await infer(http, sidecar, [[1, 1, 1, 1]]))[0] == 200
+    within_before = metric(sidecar, "carpool_requests_within_objective_total")
+    assert within_before == 2
+    blocker = asyncio.create_task(infer(http, sidecar, [[0, 0, 0, 0]]))
+    await asyncio.sleep(0.05)  # it reaches the idle model first; the three come at once
+
+    async def timed() -> tuple[int, dict[str, object], str | None, float]:
+        started = time.monotonic()
+        url = f"{sidecar.url}/v2/models/toy/infer"
+        async with http.post(url, json=v2_body([[2, 2, 2, 2]])) as reply:
+            body = await reply.json()
+            took = time.monotonic() - started
+            return reply.status, body, reply.headers.get("Retry-After"), took
+
+    behind = await asyncio.gather(*(timed() for _ in range(3)))
+    assert (await blocker)[0] == 200
+    assert sorted(status for status, *_ in behind) == [200, 200, 429]
+    ((_, body, retry_after, took),) = [one for one in behind if one[0] == 429]
+    assert retry_after is not None and int(retry_after) >= 1
+    assert "latency objective" in str(body["error"])
+    # At once, not after the 1.2 s it would have taken.
+    assert took < 0.2
+    assert metric(sidecar, "carpool_rejected_total", reason="objective") == 1
+    assert metric(sidecar, "carpool_requests_within_objective_total") == within_before + 3
+    await until(sidecar, "carpool_queue_drain_seconds", 0)
+
+
+async def test_the_drain_gauge_reads_the_work_ahead(
+    pair: Pair, http: aiohttp.ClientSession
+) -> None:
+    sidecar = pair.sidecar
+    assert (await infer(http, sidecar, [[1, 1, 1, 1]]))[0] == 200
+    blocker = asyncio.create_task(infer(http, sidecar, [[0, 0, 0, 0]]))
+    await until(sidecar, "carpool_inflight_batches", 1)
+    queued = asyncio.create_task(infer(http, sidecar, [[2, 2, 2, 2]]))
+    await until(sidecar, "carpool_queue_items", 1)
+    # The running batch's rest and the queued one's 0.3 s.
+    assert 0.3 < metric(sidecar, "carpool_queue_drain_seconds") < 0.65
+    assert [status for status, _ in await asyncio.gather(blocker, queued)] == [200, 200]
