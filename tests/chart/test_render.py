@@ -460,19 +460,23 @@ def test_adapter_rules_serve_the_metric_the_hpas_read() -> None:
         "carpool-adapter-rules",
         "mon",
     )
-    (rule,) = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+    served = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
     hpa = horizontal_pod_autoscaler(
         ModelSpec(name="m", namespace="ml", uid="", generation=1, handler="toy", image="carpool:1")
     )
     (metric,) = hpa["spec"]["metrics"]
     wanted = metric["pods"]["metric"]["name"]
-    assert rule["name"]["as"] == wanted and rule["seriesQuery"].startswith(wanted + "{")
-    # Per pod: the HPA asks for pods, so the series must map to pods and namespaces.
-    assert rule["resources"]["overrides"] == {
-        "namespace": {"resource": "namespace"},
-        "pod": {"resource": "pod"},
-    }
-    assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+    # The HPA's metric, and the queue's predicted drain for HPAs of one's own.
+    names = {rule["name"]["as"] for rule in served}
+    assert names == {wanted, "carpool_queue_drain_seconds"}
+    for rule in served:
+        assert rule["seriesQuery"].startswith(rule["name"]["as"] + "{")
+        # Per pod: the HPA asks for pods, so the series must map to pods and namespaces.
+        assert rule["resources"]["overrides"] == {
+            "namespace": {"resource": "namespace"},
+            "pod": {"resource": "pod"},
+        }
+        assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
 
 
 def test_the_cuda_build_is_named_alike_everywhere() -> None:
