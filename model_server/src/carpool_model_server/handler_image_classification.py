@@ -45,7 +45,14 @@ from carpool_model_server.handler import (
     split_valid,
 )
 from carpool_model_server.handler_options import choice_option, positive_option
-from carpool_model_server.image_decode import MAX_IMAGE_BYTES, MAX_PIXELS, decode, from_pixels
+from carpool_model_server.image_decode import (
+    MAX_IMAGE_BYTES,
+    MAX_PIXELS,
+    check_size,
+    decode,
+    fit,
+    from_pixels,
+)
 from carpool_model_server.ranking import LABELS, SCORES, Ranked, Ranking
 
 INPUTS = ("encoded", "uint8", "fp32")
@@ -150,7 +157,9 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
         pixels = require_input(item, PIXELS).to_numpy()
         if not pixels.size:
             raise InvalidItem(f"input 'image' holds no pixels: shape {list(pixels.shape)}")
-        return from_pixels(pixels)
+        height, width = pixels.shape[:2]
+        check_size(width, height)
+        return fit(from_pixels(pixels), (self.size[1], self.size[2]))
 
     def _prepared_of(self, item: Item) -> np.ndarray:
         return require_input(item, self.metadata.inputs[0]).to_numpy()

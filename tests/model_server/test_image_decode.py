@@ -1,0 +1,32 @@
+"""Encoded images cost the handler what their pixels are worth to the model: a long thin
+one is refused before it is decoded, a large one is shrunk as soon as it is."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from carpool_model_server.errors import InvalidItem
+from carpool_model_server.image_decode import decode
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_long_thin_png_is_refused_naming_its_sides() -> None:
+    # 97 bytes; resized to a shorter side of 256 it would be 256 x 1,024,000 pixels.
+    with pytest.raises(InvalidItem, match="4000x1 pixels: one side is over 12 times"):
+        decode(png(4000, 1), (224, 224))
+
+
+def test_a_large_png_is_shrunk_as_it_is_decoded() -> None:
+    image = decode(png(1000, 700), (32, 32))
+    # A whole factor (10) that leaves it covering twice the model's 32 x 32.
+    assert image.size == (100, 70)
+    assert np.asarray(image)[0, 0].tolist() == [10, 20, 30]
