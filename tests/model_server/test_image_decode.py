@@ -30,3 +30,18 @@ def test_a_large_png_is_shrunk_as_it_is_decoded() -> None:
     # A whole factor (10) that leaves it covering twice the model's 32 x 32.
     assert image.size == (100, 70)
     assert np.asarray(image)[0, 0].tolist() == [10, 20, 30]
+
+
+def test_a_photo_is_turned_upright_as_its_exif_orientation_says() -> None:
+    # Stored 40 wide, red on the left; orientation 6: the camera was turned a quarter.
+    pixels = np.zeros((20, 40, 3), np.uint8)
+    pixels[:, :20, 0] = pixels[:, 20:, 2] = 255
+    stored = Image.fromarray(pixels)
+    exif = stored.getexif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    stored.save(buffer, format="PNG", exif=exif.tobytes())
+    upright = np.asarray(decode(buffer.getvalue(), (32, 32)))
+    # As a viewer (and transformers' load_image) shows it: 20 wide, red on top.
+    assert upright.shape == (40, 20, 3)
+    assert upright[0, 0].tolist() == [255, 0, 0] and upright[-1, 0].tolist() == [0, 0, 255]

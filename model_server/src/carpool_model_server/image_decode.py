@@ -8,7 +8,8 @@ that is shrunk by a whole factor right after it is decoded (`fit`), so a batch h
 full-size image at a time, not one per item. An image whose sides differ more than
 MAX_ASPECT times is refused: a processor that resizes the shorter side to the model's would
 make a 1 x 4000 PNG of 100 bytes into gigabytes. A truncated or corrupt file fails the
-decode: each failure is the item's `InvalidItem` (400), naming what is wrong.
+decode: each failure is the item's `InvalidItem` (400), naming what is wrong. An image is
+turned upright as its EXIF orientation says, as viewers and transformers' `load_image` do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import warnings
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from carpool_model_server.errors import InvalidItem
 
@@ -47,7 +48,8 @@ def decode(data: bytes, size: tuple[int, int]) -> Image.Image:
     if image.format == "JPEG":
         image.draft("RGB", (2 * size[1], 2 * size[0]))
     try:
-        return fit(image.convert("RGB"), size)  # decodes
+        # Upright as it is shown (a phone stores photos as its sensor reads them).
+        return ImageOps.exif_transpose(fit(image.convert("RGB"), size))  # decodes
     except (OSError, SyntaxError, ValueError) as error:
         raise InvalidItem(f"{image.format} image could not be decoded: {error}") from None
 
