@@ -45,3 +45,11 @@ def test_a_photo_is_turned_upright_as_its_exif_orientation_says() -> None:
     # As a viewer (and transformers' load_image) shows it: 20 wide, red on top.
     assert upright.shape == (40, 20, 3)
     assert upright[0, 0].tolist() == [255, 0, 0] and upright[-1, 0].tolist() == [0, 0, 255]
+
+
+def test_a_16_bit_greyscale_png_keeps_its_shades() -> None:
+    shades = np.array([[0, 0x4000], [0x8000, 0xFFFF]], np.uint16)
+    buffer = io.BytesIO()
+    Image.fromarray(shades).save(buffer, format="PNG")
+    grey = np.asarray(decode(buffer.getvalue(), (32, 32)))[..., 0]
+    assert grey.tolist() == [[0, 64], [128, 255]]

@@ -48,8 +48,12 @@ def decode(data: bytes, size: tuple[int, int]) -> Image.Image:
     if image.format == "JPEG":
         image.draft("RGB", (2 * size[1], 2 * size[0]))
     try:
+        pixels: Image.Image = image
+        if image.mode.startswith("I"):
+            # 16-bit greyscale: Pillow's conversion to RGB would clip every shade over 255.
+            pixels = image.convert("I").point(lambda value: value * (1 / 256))
         # Upright as it is shown (a phone stores photos as its sensor reads them).
-        return ImageOps.exif_transpose(fit(image.convert("RGB"), size))  # decodes
+        return ImageOps.exif_transpose(fit(pixels.convert("RGB"), size))  # decodes
     except (OSError, SyntaxError, ValueError) as error:
         raise InvalidItem(f"{image.format} image could not be decoded: {error}") from None
 
