@@ -183,3 +183,18 @@ def test_long_thin_pixels_are_refused_alone_and_large_ones_shrunk(vit: Path) -> 
     images, rejected = split_valid(items, handler._pixels_of)
     assert list(rejected) == [1] and "4000x1 pixels" in rejected[1], rejected
     assert [image.size for image in images] == [(48, 40), (64, 64)]
+
+
+def test_prepared_pixels_that_are_not_finite_are_refused_alone(vit: Path) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
+
+    handler = ImageClassificationHandler(HandlerSettings(vit, torch.float32, 4, {"input": "fp32"}))
+    handler.load(torch.device("cpu"))
+    pixels = np.zeros((3, 3, 32, 32), np.float32)
+    pixels[1, 0, 5, 5], pixels[2, 2, 0, 0] = np.nan, -np.inf
+    items = [{"image": Tensor.from_numpy(image)} for image in pixels]
+    prepared = handler.preprocess(items)
+    assert prepared.accepted_count == 1
+    assert "value nan is outside" in prepared.rejected[1], prepared.rejected
+    assert "value -inf is outside" in prepared.rejected[2], prepared.rejected

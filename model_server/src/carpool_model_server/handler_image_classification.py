@@ -14,7 +14,7 @@ deviation.
   (bounded before it is decoded; a file that is no such image, too large, truncated or
   corrupt is refused with 400 naming why);
 - `uint8`: UINT8 [height, width, 3], RGB pixels, resized and normalised like decoded ones;
-- `fp32`: FP32 [3, H, W], pixels already prepared as the model takes them.
+- `fp32`: FP32 [3, H, W], pixels already prepared as the model takes them (finite).
 Each answer is the model's labels and scores, best first (`ranking`; `top_k=N`).
 The items of a batch are prepared in one call of the processor, then moved to the device
 at once.
@@ -111,7 +111,9 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
         self.ranking = Ranking.of(id2label, config.get("problem_type"), self._top_k)
         inputs = self.metadata.inputs
         if self.input == "fp32":
-            inputs = (TensorSpec("image", "FP32", self.size),)
+            # Finite only: a NaN or infinite pixel would be answered with null scores.
+            largest = float(np.finfo(np.float32).max)
+            inputs = (TensorSpec("image", "FP32", self.size, minimum=-largest, maximum=largest),)
         self.metadata = dataclasses.replace(
             self.metadata, inputs=inputs, outputs=self.ranking.outputs()
         )
