@@ -53,3 +53,13 @@ def test_a_16_bit_greyscale_png_keeps_its_shades() -> None:
     Image.fromarray(shades).save(buffer, format="PNG")
     grey = np.asarray(decode(buffer.getvalue(), (32, 32)))[..., 0]
     assert grey.tolist() == [[0, 64], [128, 255]]
+
+
+def test_a_camera_s_multi_picture_jpeg_is_decoded_at_a_jpeg_s_scale() -> None:
+    photo = Image.new("RGB", (2000, 1500), (10, 200, 30))
+    multi, plain = io.BytesIO(), io.BytesIO()
+    photo.save(multi, format="MPO", save_all=True, append_images=[photo])
+    photo.save(plain, format="JPEG")
+    # Decoded at 1/2 (1000 x 750, still twice 224), not in full and then shrunk.
+    assert decode(multi.getvalue(), (224, 224)).size == (1000, 750)
+    assert decode(plain.getvalue(), (224, 224)).size == (1000, 750)

@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL.JpegImagePlugin import JpegImageFile
 
 from carpool_model_server.errors import InvalidItem
 
@@ -45,7 +46,7 @@ def decode(data: bytes, size: tuple[int, int]) -> Image.Image:
     except Image.DecompressionBombError as error:
         raise InvalidItem(f"image over {MAX_PIXELS} pixels: {error}") from None
     check_size(*image.size)
-    if image.format == "JPEG":
+    if isinstance(image, JpegImageFile):  # a camera's multi-picture (MPO) file too
         image.draft("RGB", (2 * size[1], 2 * size[0]))
     try:
         pixels: Image.Image = image
