@@ -83,3 +83,18 @@ async def test_image_classification_serves_an_exported_torchvision_classifier(
     names = [label.decode() for label in result.outputs["labels"].data]  # type: ignore[union-attr]
     scores = dict(zip(names, result.outputs["scores"].to_numpy(), strict=True))
     np.testing.assert_allclose([scores[label] for label in labels], expected, atol=1e-5)
+
+
+def test_labels_that_do_not_match_the_program_s_classes_are_refused_at_load(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
+
+    export(network, tmp_path / "model.pt2", torch.zeros(2, 3, 224, 224))
+    # Three names for the network's four classes: every answer would fail, or misname.
+    names = {"0": "cat", "1": "dog", "2": "eel"}
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": names}))
+    handler = ImageClassificationHandler(HandlerSettings(tmp_path, torch.float32, 4))
+    with pytest.raises(ValueError, match="names 3 labels; the model gives 4 scores"):
+        handler.load(torch.device("cpu"))

@@ -103,11 +103,17 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
         probe = self.processor(images=[from_pixels(np.zeros((8, 8, 3), np.uint8))])
         self.size = tuple(int(n) for n in np.asarray(probe["pixel_values"]).shape[1:])
         self.model, config = _network(path, device, self.settings.dtype)
-        id2label = config.get("id2label")
-        if not id2label:  # an exported classifier without names: its classes numbered
-            zeros = torch.zeros((1, *self.size), device=device, dtype=self.settings.dtype)
-            with torch.inference_mode():
-                id2label = dict(enumerate(map(str, range(self.model(zeros).shape[-1]))))
+        zeros = torch.zeros((1, *self.size), device=device, dtype=self.settings.dtype)
+        with torch.inference_mode():
+            classes = self.model(zeros).shape[-1]
+        # An exported classifier's config.json is written apart from it: its names must
+        # match the scores, or every answer would fail or misname. Without names, numbers.
+        id2label = config.get("id2label") or dict(enumerate(map(str, range(classes))))
+        if len(id2label) != classes:
+            raise ValueError(
+                f"{path / 'config.json'} id2label names {len(id2label)} labels; the model "
+                f"gives {classes} scores"
+            )
         self.ranking = Ranking.of(id2label, config.get("problem_type"), self._top_k)
         inputs = self.metadata.inputs
         if self.input == "fp32":
