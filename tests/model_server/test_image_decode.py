@@ -63,3 +63,21 @@ def test_a_camera_s_multi_picture_jpeg_is_decoded_at_a_jpeg_s_scale() -> None:
     # Decoded at 1/2 (1000 x 750, still twice 224), not in full and then shrunk.
     assert decode(multi.getvalue(), (224, 224)).size == (1000, 750)
     assert decode(plain.getvalue(), (224, 224)).size == (1000, 750)
+
+
+def test_a_png_header_cut_short_is_refused_as_unreadable() -> None:
+    # The IHDR chunk states 13 bytes and holds 2.
+    cut = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR\x00\x00"
+    with pytest.raises(InvalidItem, match="not a readable JPEG or PNG image"):
+        decode(cut, (32, 32))
+
+
+def test_a_corrupt_exif_block_leaves_the_photo_as_stored() -> None:
+    stored = Image.new("RGB", (40, 20), (200, 0, 0))
+    exif = stored.getexif()
+    exif[0x0112], exif[0x010F] = 6, "cam"
+    # The camera-make tag (ASCII) renumbered as a tag of numbers, as a bit flip might.
+    corrupt = exif.tobytes().replace(b"\x01\x0f\x00\x02", b"\x01\x52\x00\x02")
+    buffer = io.BytesIO()
+    stored.save(buffer, format="JPEG", exif=corrupt)
+    assert decode(buffer.getvalue(), (32, 32)).size == (40, 20)

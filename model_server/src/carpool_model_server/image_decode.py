@@ -15,6 +15,7 @@ turned upright as its EXIF orientation says, as viewers and transformers' `load_
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 
 import numpy as np
@@ -45,6 +46,8 @@ def decode(data: bytes, size: tuple[int, int]) -> Image.Image:
         raise InvalidItem(f"not a {' or '.join(FORMATS)} image") from None
     except Image.DecompressionBombError as error:
         raise InvalidItem(f"image over {MAX_PIXELS} pixels: {error}") from None
+    except (OSError, SyntaxError, ValueError) as error:  # a header cut short or corrupt
+        raise InvalidItem(f"not a readable {' or '.join(FORMATS)} image: {error}") from None
     check_size(*image.size)
     if isinstance(image, JpegImageFile):  # a camera's multi-picture (MPO) file too
         image.draft("RGB", (2 * size[1], 2 * size[0]))
@@ -53,10 +56,19 @@ def decode(data: bytes, size: tuple[int, int]) -> Image.Image:
         if image.mode.startswith("I"):
             # 16-bit greyscale: Pillow's conversion to RGB would clip every shade over 255.
             pixels = image.convert("I").point(lambda value: value * (1 / 256))
-        # Upright as it is shown (a phone stores photos as its sensor reads them).
-        return ImageOps.exif_transpose(fit(pixels.convert("RGB"), size))  # decodes
+        decoded = fit(pixels.convert("RGB"), size)
     except (OSError, SyntaxError, ValueError) as error:
         raise InvalidItem(f"{image.format} image could not be decoded: {error}") from None
+    return _upright(decoded)
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """`image` as it is shown: a phone stores photos as its sensor reads them, with an EXIF
+    orientation. Where the EXIF block is corrupt (Pillow fails to write it back), as stored."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except (struct.error, OSError, SyntaxError, ValueError, TypeError):
+        return image
 
 
 def check_size(width: int, height: int) -> None:
