@@ -98,3 +98,24 @@ def test_labels_that_do_not_match_the_program_s_classes_are_refused_at_load(
     handler = ImageClassificationHandler(HandlerSettings(tmp_path, torch.float32, 4))
     with pytest.raises(ValueError, match="names 3 labels; the model gives 4 scores"):
         handler.load(torch.device("cpu"))
+
+
+def test_a_program_of_dynamic_sides_refuses_items_of_another_rank_or_channels(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_torch_export import TorchExportHandler
+
+    side = torch.export.Dim("side", min=8, max=64)
+    shapes = {"x": {0: torch.export.Dim("batch", max=64), 2: side, 3: side}}
+    program = torch.export.export(network, (torch.zeros(2, 3, 16, 16),), dynamic_shapes=shapes)
+    torch.export.save(program, str(tmp_path / "sides.pt2"))
+    handler = TorchExportHandler(HandlerSettings(tmp_path / "sides.pt2", torch.float32, 4))
+    handler.load(torch.device("cpu"))
+    assert [spec.shape for spec in handler.metadata.inputs] == [(3, -1, -1)]
+    shaped = [(4, 16, 16), (3, 16, 16), (16,), (3, 24, 24)]
+    items = [{"input": Tensor.from_numpy(np.zeros(shape, np.float32))} for shape in shaped]
+    # Four channels first: the good item after it was refused as not of its shape.
+    prepared = handler.preprocess(items)
+    assert sorted(prepared.rejected) == [0, 2, 3], prepared.rejected
+    assert "must have shape [3, -1, -1]" in prepared.rejected[0]
