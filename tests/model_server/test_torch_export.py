@@ -113,9 +113,14 @@ def test_a_program_of_dynamic_sides_refuses_items_of_another_rank_or_channels(
     handler = TorchExportHandler(HandlerSettings(tmp_path / "sides.pt2", torch.float32, 4))
     handler.load(torch.device("cpu"))
     assert [spec.shape for spec in handler.metadata.inputs] == [(3, -1, -1)]
-    shaped = [(4, 16, 16), (3, 16, 16), (16,), (3, 24, 24)]
+    shaped = [(4, 16, 16), (3, 16, 16), (16,), (3, 24, 24), (3, 100, 100)]
     items = [{"input": Tensor.from_numpy(np.zeros(shape, np.float32))} for shape in shaped]
     # Four channels first: the good item after it was refused as not of its shape.
     prepared = handler.preprocess(items)
-    assert sorted(prepared.rejected) == [0, 2, 3], prepared.rejected
+    assert sorted(prepared.rejected) == [0, 2, 3, 4], prepared.rejected
     assert "must have shape [3, -1, -1]" in prepared.rejected[0]
+    assert "dimension 1 of 100 is outside the program's range [8, 64]" in prepared.rejected[4]
+    # Batches over the program's own largest would fail in it.
+    larger = TorchExportHandler(HandlerSettings(tmp_path / "sides.pt2", torch.float32, 128))
+    with pytest.raises(ValueError, match="exported for batches of at most 64"):
+        larger.load(torch.device("cpu"))

@@ -4,8 +4,9 @@ As `torchscript` (items of `input`, FP32, stacked along a new first dimension; e
 gets its row of the result as `output`, FP32), for the format PyTorch recommends in place of
 TorchScript. A program saved with `torch.export.save` must have been exported with a
 dynamic batch dimension and states its per-item shape: the metadata publishes it (-1 for a
-dynamic side, up to 2^24 elements an item), items of another rank or fixed side are refused
-(400), and where no side is dynamic warm-up runs zeros of it at every batch size. An
+dynamic side, up to 2^24 elements an item), items of another rank or fixed side, or a side
+outside its `Dim`'s range, are refused (400), a --max-batch-size over the batch `Dim`'s max
+stops the load, and where no side is dynamic warm-up runs zeros of it at every batch size. An
 AOTInductor package (compiled ahead with `torch._inductor.aoti_compile_and_package`, for
 the device it will run on) states no shape: items of any shape up to 2^24 elements are
 taken, and warm-up needs `--example-shape`, as for torchscript. The program runs in the
@@ -22,6 +23,7 @@ import torch
 
 from carpool.contract.metadata import TensorSpec
 from carpool.contract.wire import Item, Tensor
+from carpool_model_server.errors import InvalidItem
 from carpool_model_server.exported import load_exported
 from carpool_model_server.handler import require_input
 from carpool_model_server.handler_torchscript import INPUT, MAX_ITEM_ELEMENTS, TorchScriptHandler
@@ -35,8 +37,16 @@ class TorchExportHandler(TorchScriptHandler):
             raise ValueError("the torch-export handler needs --model-path")
         self.device = device
         exported = load_exported(self.settings.model_path, device, self.settings.dtype)
+        most = exported.max_batch
+        if most is not None and self.settings.max_batch_size > most:
+            raise ValueError(
+                f"{self.settings.model_path} was exported for batches of at most {most}; "
+                f"lower --max-batch-size {self.settings.max_batch_size} to it, or export "
+                "with a larger Dim('batch', max=...)"
+            )
         self.run = exported.run
         self.item_shape = exported.item_shape
+        self.item_ranges = exported.item_ranges
         if self.item_shape is not None:
             # Its rank and fixed sides are checked before the program runs: an item it cannot
             # take would fail its batch (and refuse a good neighbour stacked after it).
@@ -50,6 +60,14 @@ class TorchExportHandler(TorchScriptHandler):
         if self.item_shape is None:
             return super().array_of(item)
         array: npt.NDArray[np.float32] = require_input(item, spec).to_numpy()
+        for axis, (size, (least, most)) in enumerate(
+            zip(array.shape, self.item_ranges, strict=True)
+        ):
+            if size < least or (most is not None and size > most):
+                raise InvalidItem(
+                    f"input {INPUT.name!r}: dimension {axis} of {size} is outside the "
+                    f"program's range [{least}, {most if most is not None else 'any'}]"
+                )
         return array
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:
