@@ -104,6 +104,7 @@ def test_a_program_of_dynamic_sides_refuses_items_of_another_rank_or_channels(
     network: TinyConvNet, tmp_path: Path
 ) -> None:
     from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
     from carpool_model_server.handler_torch_export import TorchExportHandler
 
     side = torch.export.Dim("side", min=8, max=64)
@@ -124,3 +125,10 @@ def test_a_program_of_dynamic_sides_refuses_items_of_another_rank_or_channels(
     larger = TorchExportHandler(HandlerSettings(tmp_path / "sides.pt2", torch.float32, 128))
     with pytest.raises(ValueError, match="exported for batches of at most 64"):
         larger.load(torch.device("cpu"))
+    (tmp_path / "classifier").mkdir()
+    (tmp_path / "classifier/model.pt2").write_bytes((tmp_path / "sides.pt2").read_bytes())
+    classifier = ImageClassificationHandler(
+        HandlerSettings(tmp_path / "classifier", torch.float32, 128)
+    )
+    with pytest.raises(ValueError, match="exported for batches of at most 64"):
+        classifier.load(torch.device("cpu"))

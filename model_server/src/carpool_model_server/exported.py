@@ -69,6 +69,16 @@ def load_exported(path: Path, device: torch.device, dtype: torch.dtype) -> Expor
     return Exported(_single_output(module), shape, dtype, tuple(ranges[1:]), ranges[0][1])
 
 
+def check_max_batch(exported: Exported, path: Path, max_batch_size: int) -> None:
+    """ValueError where batches of `max_batch_size` would fail in the program."""
+    most = exported.max_batch
+    if most is not None and max_batch_size > most:
+        raise ValueError(
+            f"{path} was exported for batches of at most {most}; lower --max-batch-size "
+            f"{max_batch_size} to it, or export with a larger Dim('batch', max=...)"
+        )
+
+
 def _range(program: Any, size: int | torch.SymInt) -> tuple[int, int | None]:
     if not isinstance(size, torch.SymInt):
         return int(size), int(size)

@@ -35,7 +35,7 @@ from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.exported import EXPORTED_FILE, load_exported
+from carpool_model_server.exported import EXPORTED_FILE, check_max_batch, load_exported
 from carpool_model_server.folder import read_json
 from carpool_model_server.handler import (
     Handler,
@@ -102,7 +102,7 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
             self.processor = BitImageProcessor(**IMAGENET)
         probe = self.processor(images=[from_pixels(np.zeros((8, 8, 3), np.uint8))])
         self.size = tuple(int(n) for n in np.asarray(probe["pixel_values"]).shape[1:])
-        self.model, config = _network(path, device, self.settings.dtype)
+        self.model, config = _network(path, device, self.settings)
         zeros = torch.zeros((1, *self.size), device=device, dtype=self.settings.dtype)
         with torch.inference_mode():
             classes = self.model(zeros).shape[-1]
@@ -174,14 +174,15 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
 
 
 def _network(
-    path: Path, device: torch.device, dtype: torch.dtype
+    path: Path, device: torch.device, settings: HandlerSettings
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Mapping[str, Any]]:
     """The folder's classifier, as a function of a pixel batch to logits, and its config
     (`id2label`, `problem_type`; an exported one's `config.json` may hold them, or not be)."""
+    dtype = settings.dtype
     if (path / EXPORTED_FILE).is_file():
-        return load_exported(path / EXPORTED_FILE, device, dtype).run, read_json(
-            path / "config.json"
-        )
+        exported = load_exported(path / EXPORTED_FILE, device, dtype)
+        check_max_batch(exported, path / EXPORTED_FILE, settings.max_batch_size)
+        return exported.run, read_json(path / "config.json")
     from transformers import AutoModelForImageClassification
 
     model: Any = AutoModelForImageClassification.from_pretrained(str(path), local_files_only=True)

@@ -24,7 +24,7 @@ import torch
 from carpool.contract.metadata import TensorSpec
 from carpool.contract.wire import Item, Tensor
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.exported import load_exported
+from carpool_model_server.exported import check_max_batch, load_exported
 from carpool_model_server.handler import require_input
 from carpool_model_server.handler_torchscript import INPUT, MAX_ITEM_ELEMENTS, TorchScriptHandler
 
@@ -37,13 +37,7 @@ class TorchExportHandler(TorchScriptHandler):
             raise ValueError("the torch-export handler needs --model-path")
         self.device = device
         exported = load_exported(self.settings.model_path, device, self.settings.dtype)
-        most = exported.max_batch
-        if most is not None and self.settings.max_batch_size > most:
-            raise ValueError(
-                f"{self.settings.model_path} was exported for batches of at most {most}; "
-                f"lower --max-batch-size {self.settings.max_batch_size} to it, or export "
-                "with a larger Dim('batch', max=...)"
-            )
+        check_max_batch(exported, self.settings.model_path, self.settings.max_batch_size)
         self.run = exported.run
         self.item_shape = exported.item_shape
         self.item_ranges = exported.item_ranges
