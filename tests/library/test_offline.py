@@ -6,16 +6,28 @@ import os
 import subprocess
 import sys
 import time
+import tracemalloc
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+import torch
 from library.tiny_lm import WORDS
 from support.model_server import SUPPORT_DIR
 
 import carpool_model_server
+from carpool.contract.metadata import Metadata, TensorSpec
+from carpool.contract.wire import BYTES, Item, Tensor
+from carpool_model_server.handler import (
+    Handler,
+    HandlerSettings,
+    Prepared,
+    require_input,
+    split_valid,
+)
 from carpool_model_server.offline import BatchInference
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -23,6 +35,7 @@ HANDLER = "library.padded_handler:PaddedBytesHandler"
 SLOW = "model_handlers:SlowInferHandler"  # the toy model, CARPOOL_TEST_INFER_S per batch
 COUNT = 10_000
 MALFORMED, MISSING_INPUT = 5_000, 7_000
+BLOB = TensorSpec("blob", BYTES, (1,), max_element_bytes=2 << 20)
 
 
 def mixed_texts(count: int, seed: int = 3) -> list[str]:
@@ -258,3 +271,51 @@ def test_a_second_run_on_an_output_being_written_is_refused(tmp_path: Path) -> N
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     data = three_lines(tmp_path / "data.jsonl")
     refused(run_infer(data, tmp_path / "no-such-folder" / "out.jsonl"), "cannot write --output")
+
+
+class FileSizes(Handler[list[int], list[int]]):
+    """Answers each item's `blob` size: all its work is the bytes it is given."""
+
+    metadata = Metadata("carpool_test", (BLOB,), (TensorSpec("size", "INT64", (1,)),))
+
+    def load(self, device: torch.device) -> None:
+        pass
+
+    def preprocess(self, items: Sequence[Item]) -> Prepared[list[int]]:
+        sizes, rejected = split_valid(items, _size_of)
+        return Prepared(sizes, len(sizes), rejected)
+
+    def infer(self, batch: list[int]) -> list[int]:
+        return batch
+
+    def postprocess(self, outputs: list[int]) -> list[dict[str, Tensor]]:
+        return [{"size": Tensor.from_numpy(np.array([size]))} for size in outputs]
+
+
+def _size_of(item: Item) -> int:
+    (data,) = require_input(item, BLOB).data
+    assert isinstance(data, bytes)
+    return len(data)
+
+
+def test_files_are_read_batch_by_batch(tmp_path: Path) -> None:
+    mib = 1 << 20
+    (tmp_path / "blob.bin").write_bytes(b"x" * mib)
+    records: list[Any] = [{"blob": {"file": "blob.bin"}}] * 48 + [{"blob": {"file": "gone"}}]
+    settings = HandlerSettings(None, torch.float32, 4)
+    with BatchInference(FileSizes(settings), batch_size=4) as inference:
+        tracemalloc.start()
+        try:
+            answered = [
+                (index, result)
+                for indices, results in inference.run(records, base=tmp_path)
+                for index, result in zip(indices, results, strict=True)
+            ]
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    # A batch of 4 files at a time, not all 48 before the first batch runs.
+    assert peak < 12 * mib, f"{peak / mib:.0f} MiB"
+    sizes = {i: result.outputs["size"].to_numpy()[0] for i, result in answered if result.outputs}
+    assert sizes == {index: mib for index in range(48)}
+    assert [result.status for index, result in answered if index == 48] == [400]

@@ -111,3 +111,18 @@ def test_a_folder_with_modules_it_cannot_compute_is_refused(encoder: Path, tmp_p
     with run_model_server(tmp_path, "text-embedding", *args, wait_ready=False) as server:
         assert server.process.wait(60) != 0
         assert "sentence_transformers.models.Dense" in server.log(), server.log()
+
+
+@pytest.mark.parametrize("outside", ["../elsewhere", "/etc", "inner/../../elsewhere"])
+def test_a_module_path_outside_the_folder_is_refused(tmp_path: Path, outside: str) -> None:
+    (tmp_path / "model").mkdir()
+    modules = [{"path": outside, "type": "sentence_transformers.models.Transformer"}]
+    (tmp_path / "model/modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ValueError, match=f"module path '{outside}' leads out of"):
+        recipe(tmp_path / "model")
+
+
+def test_a_modules_file_that_is_no_list_of_objects_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "modules.json").write_text(json.dumps({"path": ""}))
+    with pytest.raises(ValueError, match="not a list of modules"):
+        recipe(tmp_path)

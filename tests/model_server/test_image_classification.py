@@ -20,6 +20,7 @@ from support.model_server import http_get, post_batch, run_model_server
 from support.tiny_models import LABELS, build_tiny_vit
 
 from carpool.contract.wire import BYTES, ItemResult, Tensor
+from carpool_model_server.handler import split_valid
 
 RANDOM = np.random.default_rng(0)
 # Mixed sizes, none the model's 32 x 32.
@@ -168,3 +169,32 @@ async def test_through_carpool_serve_a_bad_image_fails_its_request_alone(vit: Pa
         outputs = {output["name"]: output["data"] for output in document["outputs"]}
         scores = dict(zip(outputs["labels"], outputs["scores"], strict=True))
         np.testing.assert_allclose([scores[label] for label in LABELS], probabilities, atol=1e-5)
+
+
+def test_long_thin_pixels_are_refused_alone_and_large_ones_shrunk(vit: Path) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
+
+    handler = ImageClassificationHandler(HandlerSettings(vit, torch.float32, 4, {"input": "uint8"}))
+    handler.load(torch.device("cpu"))
+    thin = np.zeros((1, 4000, 3), np.uint8)
+    large = np.full((640, 640, 3), 7, np.uint8)
+    items = [{"image": Tensor.from_numpy(pixels)} for pixels in (PIXELS[0], thin, large)]
+    images, rejected = split_valid(items, handler._pixels_of)
+    assert list(rejected) == [1] and "4000x1 pixels" in rejected[1], rejected
+    assert [image.size for image in images] == [(48, 40), (64, 64)]
+
+
+def test_prepared_pixels_that_are_not_finite_are_refused_alone(vit: Path) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
+
+    handler = ImageClassificationHandler(HandlerSettings(vit, torch.float32, 4, {"input": "fp32"}))
+    handler.load(torch.device("cpu"))
+    pixels = np.zeros((3, 3, 32, 32), np.float32)
+    pixels[1, 0, 5, 5], pixels[2, 2, 0, 0] = np.nan, -np.inf
+    items = [{"image": Tensor.from_numpy(image)} for image in pixels]
+    prepared = handler.preprocess(items)
+    assert prepared.accepted_count == 1
+    assert "value nan is outside" in prepared.rejected[1], prepared.rejected
+    assert "value -inf is outside" in prepared.rejected[2], prepared.rejected

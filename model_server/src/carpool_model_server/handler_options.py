@@ -15,7 +15,7 @@ def positive_option(options: Mapping[str, str], key: str) -> int | None:
     value = options.get(key)
     if value is None:
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or int(value) < 1:
         raise ValueError(f"{key} must be a positive integer, got {value!r}")
     return int(value)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,12 @@ def recipe(path: Path) -> Recipe:
     if not modules_file.is_file():
         return Recipe(path, "mean", True)
     modules = json.loads(modules_file.read_text())
+    if not (isinstance(modules, list) and all(isinstance(module, dict) for module in modules)):
+        raise ValueError(f"{modules_file}: not a list of modules")
     encoder, pooling, normalize = path, "mean", False
     for module in modules:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        folder = path / str(module.get("path", ""))
+        folder = path / _inside(str(module.get("path", "")), modules_file)
         if kind == "Transformer":
             encoder = folder
         elif kind == "Pooling":
@@ -72,6 +75,15 @@ def recipe(path: Path) -> Recipe:
                 "computes (Transformer, Pooling, Normalize)"
             )
     return Recipe(encoder, pooling, normalize)
+
+
+def _inside(name: str, modules_file: Path) -> Path:
+    """A module's folder, relative to the model's: a folder downloaded from a hub must not
+    make the server read another model, or any file, elsewhere on the node."""
+    relative = Path(os.path.normpath(name))  # "" is "."
+    if relative.is_absolute() or relative.parts[:1] == ("..",):
+        raise ValueError(f"{modules_file}: module path {name!r} leads out of the model's folder")
+    return relative
 
 
 def _pooling(config_file: Path) -> str:

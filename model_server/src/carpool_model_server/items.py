@@ -10,6 +10,7 @@ PATH relative to a base folder (`carpool infer`: its input file's), refused past
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,28 @@ def item_from_record(
             continue  # not an input: ids and other fields the caller keeps for itself
         item[name] = value if isinstance(value, Tensor) else _tensor(value, spec, base)
     return item
+
+
+def files_size(
+    record: Record, inputs: Sequence[TensorSpec], base: Path | None = None
+) -> int | None:
+    """The bytes of the files the record's `{"file": PATH}` values name (0 for one that
+    cannot be read: reading it says why), or None when it names none."""
+    if not isinstance(record, Mapping):
+        return None
+    byte_inputs = {spec.name for spec in inputs if spec.datatype == BYTES}
+    names = [
+        value.get("file")
+        for name, value in record.items()
+        if name in byte_inputs and isinstance(value, Mapping)
+    ]
+    if not names:
+        return None
+    sizes = 0
+    for name in names:
+        with contextlib.suppress(OSError):
+            sizes += (base or Path.cwd()).joinpath(str(name)).stat().st_size
+    return sizes
 
 
 def _tensor(value: Any, spec: TensorSpec, base: Path | None) -> Tensor:

@@ -27,7 +27,7 @@ from carpool_model_server.handler import (
     Prepared,
     load_handler_class,
 )
-from carpool_model_server.items import Record, item_from_record, item_length
+from carpool_model_server.items import Record, files_size, item_from_record, item_length
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner
 
@@ -121,18 +121,36 @@ class BatchInference:
     ) -> Iterator[tuple[list[int], list[ItemResult]]]:
         """Yield (indices, results) batch by batch; every index of `records` exactly once.
         `{"file": PATH}` values are read relative to `base` (the working folder if None)."""
-        # Each record's item, or the message refusing it.
-        items: list[Item | str] = []
-        for record in records:
-            try:
-                items.append(item_from_record(record, self.handler.metadata.inputs, base))
-            except InvalidItem as error:
-                items.append(str(error))
+        inputs = self.handler.metadata.inputs
         # A handler may measure items in its own tokens; else bytes of text stand in for them.
         measure = getattr(self.handler, "item_length", item_length)
-        lengths = [0 if isinstance(item, str) else int(measure(item)) for item in items]
+        # Each record's item, or the message refusing it; None for a record naming files:
+        # they are read when its batch runs (a run holds one batch of images, not all of
+        # them), and their size is its length.
+        items: list[Item | str | None] = []
+        lengths: list[int] = []
+        for record in records:
+            size = files_size(record, inputs, base)
+            if size is None:
+                item = self._item(record, base)
+                size = 0 if isinstance(item, str) else int(measure(item))
+                items.append(item)
+            else:
+                items.append(None)
+            lengths.append(size)
         for indices in plan(lengths, self.batch_size, sort_by_length):
-            yield indices, self._run_batch([items[index] for index in indices])
+            batch = [
+                self._item(records[i], base) if (ready := items[i]) is None else ready
+                for i in indices
+            ]
+            yield indices, self._run_batch(batch)
+
+    def _item(self, record: Record, base: Path | None) -> Item | str:
+        """The record's item, or the message refusing it."""
+        try:
+            return item_from_record(record, self.handler.metadata.inputs, base)
+        except InvalidItem as error:
+            return str(error)
 
     def _run_batch(self, items: list[Item | str]) -> list[ItemResult]:
         valid = [item for item in items if not isinstance(item, str)]

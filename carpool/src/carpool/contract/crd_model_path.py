@@ -3,8 +3,10 @@
 A file handler (`FILE_HANDLERS`) needs spec.model.modelPath, or weights.uri, whose file the
 operator then names; a folder handler that has no model of its own needs modelPath, or
 weights from storageUri or a PVC, whose mountPath the operator then names. The API server
-refuses a BatchedModel that has neither, as the model server would refuse to start; the
-rules sit between two marker comments in spec's `x-kubernetes-validations`, written from
+refuses a BatchedModel that has neither, as the model server would refuse to start. A
+folder handler with a model of its own (text-embedding) is refused weights.uri without
+modelPath: it would serve its own model in place of the user's file. The rules sit between
+two marker comments in spec's `x-kubernetes-validations`, written from
 `carpool.contract.handlers`.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import textwrap
 
-from carpool.contract.handlers import FILE_HANDLERS, NEEDS_MODEL_PATH
+from carpool.contract.handlers import FILE_HANDLERS, FOLDER_HANDLERS, NEEDS_MODEL_PATH
 
 _BEGIN = "                # Written from carpool.contract.handlers by `make generate`:"
 _END = "                # (end of the generated rules)"
@@ -33,6 +35,7 @@ def model_path_rules() -> list[tuple[str, str]]:
     """(rule, message) of each rule."""
     files, file_words = _names(FILE_HANDLERS)
     folders, folder_words = _names(NEEDS_MODEL_PATH - FILE_HANDLERS)
+    own, own_words = _names(FOLDER_HANDLERS - NEEDS_MODEL_PATH)
     has_path = "has(self.model.modelPath)"
     return [
         (
@@ -46,6 +49,13 @@ def model_path_rules() -> list[tuple[str, str]]:
             "(has(self.model.weights.storageUri) || has(self.model.weights.pvc)))",
             f"model.handler {folder_words} loads the model's folder: set model.weights.storageUri "
             "or model.weights.pvc (the folder is their mountPath), or model.modelPath",
+        ),
+        (
+            # It has a model of its own, which it would serve in place of the user's.
+            f"!(self.model.handler in {own}) || {has_path} || "
+            "!(has(self.model.weights) && has(self.model.weights.uri))",
+            f"model.handler {own_words} loads the model's folder, not the one file weights.uri "
+            "fetches: use model.weights.storageUri or model.weights.pvc, or set model.modelPath",
         ),
     ]
 
