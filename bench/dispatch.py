@@ -117,16 +117,7 @@ def main(
     settings = servers.ModelSettings(
         handler, handler, "cpu", torch_threads, max_batch_size, max_wait_ms, handler_options
     )
-    floats = handler in servers.FLOAT_HANDLERS
-    prepared = workload.build(
-        workload.WorkloadSpec(
-            protocol="oip-json",
-            payload="toy" if floats else "text",
-            model_name=handler,
-            input_name="input" if floats else "text",
-            text_length=text_length,
-        )
-    )
+    prepared = servers.oip_json_load(handler, text_length)
     # No gRPC front: its fixed port would clash between them.
     carpool = servers.carpool(settings).command
     trees = {"": carpool}

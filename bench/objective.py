@@ -214,16 +214,7 @@ def main(
         5.0,
         "" if handler != "stand-in" else handler_options,
     )
-    floats = handler in servers.FLOAT_HANDLERS
-    prepared = workload.build(
-        workload.WorkloadSpec(
-            protocol="oip-json",
-            payload="toy" if floats else "text",
-            model_name=handler,
-            input_name="input" if floats else "text",
-            text_length=text_length,
-        )
-    )
+    prepared = servers.oip_json_load(handler, text_length)
     with tempfile.TemporaryDirectory(prefix="carpool-objective-") as folder:
         settings_path = Path(folder) / "batching.json"
         write(settings_path, 0, timeout_ms)
@@ -231,7 +222,7 @@ def main(
         variant = servers.Variant(
             "carpool", (*variant.command, "--config-file", str(settings_path))
         )
-        print(f"{handler} {handler_options if floats else ''} torch threads {torch_threads}")
+        print(f"{handler} {settings.handler_options} torch threads {torch_threads}")
         with servers.started(variant, Path(folder) / "serve.log", timeout_s=300) as server:
             plan = Plan(
                 objective_ms, timeout_ms, rounds, duration, overload, burst_base,

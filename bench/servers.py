@@ -23,6 +23,7 @@ import psutil
 from carpool import processes
 from carpool.comma_list import CommaList
 from carpool.contract.batching import DISPATCH_MODES
+from carpool.loadgen import workload
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -48,6 +49,20 @@ class ModelSettings:
 
 # Handlers sent four floats (`--payload toy`); every other one is sent text, as MiniLM takes.
 FLOAT_HANDLERS = ("toy", "stand-in")
+
+
+def oip_json_load(handler: str, text_length: workload.TextLength) -> list[workload.PreparedRequest]:
+    """The OIP JSON requests for `handler`: four floats for the float handlers, else texts."""
+    floats = handler in FLOAT_HANDLERS
+    return workload.build(
+        workload.WorkloadSpec(
+            protocol="oip-json",
+            payload="toy" if floats else "text",
+            model_name=handler,
+            input_name="input" if floats else "text",
+            text_length=text_length,
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ take 20 ms + 4 ms per item: batches sized to keep it, and early refusals of what
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 
@@ -126,21 +127,26 @@ async def test_a_request_that_cannot_meet_its_own_deadline_is_refused_at_once() 
     assert "its deadline" in refused.value.message
 
 
+# Batches of 10 take 60 ms, one at a time: answers at 60, 120, 180, 240, 300 ms ...
+TEN_AT_A_TIME = {"max_batch_size": 10, "max_inflight_batches": 1, "latency_objective_ms": 270}
+
+
+async def outcome(served: Served, priority: int) -> str:
+    """ "answered", or the reason the request was refused early."""
+    now = time.monotonic()
+    try:
+        await served.batcher.submit([now], KEY, now + 30, priority=priority)
+    except Late as error:
+        assert error.rejected_reason is not None
+        return error.rejected_reason
+    return "answered"
+
+
 async def test_high_priority_displaces_low_priority_never_the_reverse() -> None:
     model = TimedModel()
-    # Batches of 10 take 60 ms, one at a time: answers at 60, 120, 180, 240, 300 ms ...
-    settings = {"max_batch_size": 10, "max_inflight_batches": 1, "latency_objective_ms": 270}
-    async with running(model, **settings) as served:
+    async with running(model, **TEN_AT_A_TIME) as served:
         await teach(served)
-
-        async def call(priority: int) -> str:
-            now = time.monotonic()
-            try:
-                await served.batcher.submit([now], KEY, now + 30, priority=priority)
-            except Late as error:
-                assert error.rejected_reason is not None
-                return error.rejected_reason
-            return "answered"
+        call = functools.partial(outcome, served)
 
         # Three batches of low-priority requests, in time ...
         low = [asyncio.create_task(call(0)) for _ in range(30)]
@@ -166,18 +172,9 @@ async def test_a_request_counts_only_the_levels_served_before_its_own() -> None:
     """Priority 1 is Triton's highest level and 0 the default, served last: a level-1
     request is predicted behind level-1 requests alone, whatever waits at lower levels."""
     model = TimedModel()
-    settings = {"max_batch_size": 10, "max_inflight_batches": 1, "latency_objective_ms": 270}
-    async with running(model, **settings) as served:
+    async with running(model, **TEN_AT_A_TIME) as served:
         await teach(served)
-
-        async def call(priority: int) -> str:
-            now = time.monotonic()
-            try:
-                await served.batcher.submit([now], KEY, now + 30, priority=priority)
-            except Late as error:
-                assert error.rejected_reason is not None
-                return error.rejected_reason
-            return "answered"
+        call = functools.partial(outcome, served)
 
         # Default-level requests fill the queue up to the objective, and more are refused ...
         crowd = [asyncio.create_task(call(0)) for _ in range(60)]

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import cast
 
@@ -28,6 +29,7 @@ from carpool_sidecar.answers import Held
 from carpool_sidecar.build import Sidecar, build_sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.generation import GenerateRequest
 from carpool_sidecar.inference import MODEL_VERSION
 from carpool_sidecar.operations import Operation
 from carpool_sidecar.supervision import supervised
@@ -150,26 +152,42 @@ async def v1_predict(request: web.Request) -> web.StreamResponse:
     return await send_answer(request, response.held, lambda: _json_parts(encoded(response)))
 
 
-async def v2_generate(request: web.Request) -> web.StreamResponse:
+@dataclass(frozen=True, slots=True)
+class GenerateCall:
+    """A generate request read and parsed, with what the data plane needs to answer it."""
+
+    dataplane: DataPlane
+    request: GenerateRequest
+    timeout_ms: float | None
+    arrived_at: float
+    answer_limit: int
+
+
+async def read_generate(request: web.Request) -> GenerateCall:
     arrived_at = asyncio.get_running_loop().time()
     dataplane = check_model(request)
     timeout_ms = headers.timeout_ms(request.headers)
     body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
     generate_request = oip_generate.parse_request(body, dataplane.metadata())
     answer_limit = request.app[SIDECAR].config.max_answer_bytes
-    response = await dataplane.generate(generate_request, timeout_ms, arrived_at, answer_limit)
-    encoded, extra = oip_generate.encode_response, oip_generate.answer_headers(generate_request)
+    return GenerateCall(dataplane, generate_request, timeout_ms, arrived_at, answer_limit)
+
+
+async def v2_generate(request: web.Request) -> web.StreamResponse:
+    call = await read_generate(request)
+    response = await call.dataplane.generate(
+        call.request, call.timeout_ms, call.arrived_at, call.answer_limit
+    )
+    encoded, extra = oip_generate.encode_response, oip_generate.answer_headers(call.request)
     return await send_answer(request, response.held, lambda: _json_parts(encoded(response), extra))
 
 
 async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
-    arrived_at = asyncio.get_running_loop().time()
-    dataplane = check_model(request)
-    timeout_ms = headers.timeout_ms(request.headers)
-    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    generate_request = oip_generate.parse_request(body, dataplane.metadata())
-    answer_limit = request.app[SIDECAR].config.max_answer_bytes
-    pieces = dataplane.generate_stream(generate_request, timeout_ms, arrived_at, answer_limit)
+    call = await read_generate(request)
+    dataplane, generate_request = call.dataplane, call.request
+    pieces = dataplane.generate_stream(
+        generate_request, call.timeout_ms, call.arrived_at, call.answer_limit
+    )
     try:
         # Until the first piece an error is answered with its status, as for generate.
         piece = await anext(pieces)
