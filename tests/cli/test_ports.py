@@ -40,3 +40,10 @@ def test_a_connection_that_lingers_does_not_make_a_port_taken() -> None:
 
 def test_a_host_that_is_no_address_is_said_so() -> None:
     assert "not an address" in str(taken("no-such-host.invalid", 8080))
+
+
+def test_free_port_never_hands_out_one_port_twice() -> None:
+    # A fixture's port and the next server's were once the same one: the kernel offered
+    # the released port again, and the second server could not bind.
+    ports = [free_port() for _ in range(600)]
+    assert len(set(ports)) == len(ports)

@@ -42,12 +42,22 @@ def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, **(extra or {})}
 
 
+# Ports free_port handed out: the kernel may offer a released port again at once, and a
+# caller that asked for two ports (a server's and its probe's) must get two.
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on now, and not one given before."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port: int = probe.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def spawn(
