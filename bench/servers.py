@@ -51,8 +51,11 @@ class ModelSettings:
 FLOAT_HANDLERS = ("toy", "stand-in")
 
 
-def oip_json_load(handler: str, text_length: workload.TextLength) -> list[workload.PreparedRequest]:
-    """The OIP JSON requests for `handler`: four floats for the float handlers, else texts."""
+def oip_json_load(
+    handler: str, text_length: workload.TextLength, items: int = 1
+) -> list[workload.PreparedRequest]:
+    """The OIP JSON requests for `handler` of `items` items each: four floats an item for the
+    float handlers, else texts."""
     floats = handler in FLOAT_HANDLERS
     return workload.build(
         workload.WorkloadSpec(
@@ -61,6 +64,7 @@ def oip_json_load(handler: str, text_length: workload.TextLength) -> list[worklo
             model_name=handler,
             input_name="input" if floats else "text",
             text_length=text_length,
+            batch_per_request=items,
         )
     )
 
