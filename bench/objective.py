@@ -6,7 +6,8 @@
 One `carpool serve` with a settings file, switched between no objective and
 `--objective-ms` by the live reload (`timeoutMs` is `--timeout-ms` in both, so that requests
 that wait too long get 504 rather than waiting 30 s). Its capacity is measured first (64
-closed-loop clients, no objective, no deadline); then each round loads both variants in
+closed-loop clients, fewer for requests of many items so that no more than 512 are queued;
+no objective, no deadline); then each round loads both variants in
 turn, in an order that reverses round by round, each load first 3 s unrecorded: a Poisson
 load at `--overload` times the capacity, and bursts (`--burst-factor` times a mean rate of
 `--burst-base` times the capacity, for 1 s in every 10). Prints per variant and load the
@@ -43,6 +44,8 @@ from carpool.loadgen.loops import LoopResult, Send, closed_loop, open_loop, pois
 SETTLE_S = 1.5
 WARMUP_S = 3.0
 CAPACITY_CLIENTS = 64
+# Items the capacity's closed loop keeps queued at most: below maxQueueItems' 1,024.
+CAPACITY_ITEMS = 512
 
 
 QUANTILES = (0.5, 0.95, 0.99, 1.0)
@@ -188,6 +191,7 @@ class Plan:
 async def run(
     url: str, prepared: list[workload.PreparedRequest], settings_path: Path, plan: Plan
 ) -> None:
+    clients = min(CAPACITY_CLIENTS, CAPACITY_ITEMS // prepared[0].items)
     objective_ms, timeout_ms, duration = plan.objective_ms, plan.timeout_ms, plan.duration
     connector = aiohttp.TCPConnector(limit=4096)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -195,11 +199,11 @@ async def run(
         # No deadline while the capacity is measured: 504s would understate it.
         write(settings_path, 0, 30_000)
         await asyncio.sleep(SETTLE_S)
-        await closed_loop(send, CAPACITY_CLIENTS, duration=2.0)  # warm-up
-        measured = await closed_loop(send, CAPACITY_CLIENTS, duration=duration)
+        await closed_loop(send, clients, duration=2.0)  # warm-up
+        measured = await closed_loop(send, clients, duration=duration)
         ok = sum(o.status == 200 for o in measured.outcomes)
         capacity = ok / measured.wall_seconds
-        print(f"capacity: {capacity:.1f} requests/s at {CAPACITY_CLIENTS} clients", flush=True)
+        print(f"capacity: {capacity:.1f} requests/s at {clients} clients", flush=True)
         rng = random.Random(0)
         results: dict[tuple[str, str], list[Figures]] = {}
         for number in range(plan.rounds):
