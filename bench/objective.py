@@ -17,7 +17,9 @@ requests (as the client and as the sidecar time them), 429s and how long they to
 A refusal's time is given three ways: at the client from when the request was due (what a
 caller of an open loop sees), at the client from when the load generator sent it (its own
 lateness in sending left out), and at the sidecar (`carpool_refusal_seconds`: from the
-handler's start to the 429, quantiles as the upper bound of their histogram bucket).
+handler's start to the 429, quantiles as the upper bound of their histogram bucket); beside
+them, how late the load generator's own event loop wakes from a 1 ms sleep meanwhile (the
+part of the client's figures that is the client's).
 `--items` sends that many items in each request, to overload in items a model too fast to
 overload in requests.
 """
@@ -49,6 +51,7 @@ CAPACITY_ITEMS = 512
 
 
 QUANTILES = (0.5, 0.95, 0.99, 1.0)
+PROBE_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class Figures:
     refused_due: Spread  # at the client, from when the request was due
     refused_sent: Spread  # at the client, from when it was sent
     refused_sidecar: Spread  # at the sidecar (histogram bucket bounds)
+    client_lag: Spread  # how late the load generator's loop woke from 1 ms sleeps
     expired: int  # 504
     answered_per_s: float
     sidecar_within: float  # share of the 200s within the objective as the sidecar timed them
@@ -122,6 +126,19 @@ def bucket_spread(before: Counts, after: Counts) -> Spread:
     return Spread(*(1000 * next(b for b, c in cumulative if c >= q * total) for q in QUANTILES))
 
 
+class LoopLag:
+    """How late this event loop wakes from PROBE_S sleeps, while it runs."""
+
+    def __init__(self) -> None:
+        self.late: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            asked = time.monotonic() + PROBE_S
+            await asyncio.sleep(PROBE_S)
+            self.late.append(time.monotonic() - asked)
+
+
 class TimedSend:
     """`send`, keeping each request's status and round trip from when it was sent."""
 
@@ -142,6 +159,7 @@ def figures(
     before: Counts,
     after: Counts,
     objective_s: float,
+    lag: list[float],
 ) -> Figures:
     ok = [o.latency for o in result.outcomes if o.status == 200]
     refused = [o for o in result.outcomes if o.status == 429]
@@ -154,6 +172,7 @@ def figures(
         refused_due=Spread.of([o.latency for o in refused]),
         refused_sent=Spread.of([took for status, took in round_trips if status == 429]),
         refused_sidecar=bucket_spread(before, after),
+        client_lag=Spread.of(lag),
         expired=sum(o.status == 504 for o in result.outcomes),
         answered_per_s=len(ok) / result.wall_seconds,
         sidecar_within=(after.within - before.within) / max(1, after.ok - before.ok),
@@ -229,9 +248,14 @@ async def run(
                     started = time.monotonic()
                     before = await counts(session, url)
                     send.round_trips.clear()
+                    lag = LoopLag()
+                    probe = asyncio.create_task(lag.run())
                     result = await open_loop(send, arrivals)
+                    probe.cancel()
                     after = await counts(session, url)
-                    got = figures(result, send.round_trips, before, after, objective_ms / 1000)
+                    got = figures(
+                        result, send.round_trips, before, after, objective_ms / 1000, lag.late
+                    )
                     results.setdefault((load, name), []).append(got)
                     print(
                         f"round {number + 1} {load:>12} objective {name:>7}: {got} "
@@ -251,12 +275,12 @@ async def run(
                 f"  429 {med(r.refused for r in runs):6.0f}"
                 f"  504 {med(r.expired for r in runs):6.0f}"
             )
-            for what in ("refused_due", "refused_sent", "refused_sidecar"):
+            for what in ("refused_due", "refused_sent", "refused_sidecar", "client_lag"):
                 spreads = [getattr(r, what) for r in runs]
                 spread = Spread(
                     *(med(getattr(one, q) for one in spreads) for q in ("p50", "p95", "p99", "max"))
                 )
-                print(f"{'':>12}   429 in ms p50/p95/p99/max, {what}: {spread}")
+                print(f"{'':>12}   ms p50/p95/p99/max, {what}: {spread}")
 
 
 @click.command()
