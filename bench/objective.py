@@ -289,6 +289,7 @@ async def run(
 @click.option("--torch-threads", default=1, show_default=True)
 @click.option("--text-length", type=click.Choice(workload.TEXT_LENGTHS), default="short")
 @click.option("--items", default=1, show_default=True, help="items in each request")
+@click.option("--binary", is_flag=True, help="their data as binary tensor data, not JSON")
 @click.option("--max-batch-size", default=32, show_default=True)
 @click.option("--objective-ms", default=200.0, show_default=True)
 @click.option("--timeout-ms", default=1000.0, show_default=True)
@@ -304,6 +305,7 @@ def main(
     torch_threads: int,
     text_length: workload.TextLength,
     items: int,
+    binary: bool,
     max_batch_size: int,
     objective_ms: float,
     timeout_ms: float,
@@ -323,7 +325,8 @@ def main(
         5.0,
         "" if handler != "stand-in" else handler_options,
     )
-    prepared = servers.oip_json_load(handler, text_length, items)
+    protocol: workload.Protocol = "oip-binary" if binary else "oip-json"
+    prepared = servers.oip_json_load(handler, text_length, items, protocol)
     with tempfile.TemporaryDirectory(prefix="carpool-objective-") as folder:
         settings_path = Path(folder) / "batching.json"
         write(settings_path, 0, timeout_ms)
@@ -333,7 +336,7 @@ def main(
         )
         print(
             f"{handler} {settings.handler_options} torch threads {torch_threads}, {items} "
-            f"items a request, maxBatchSize {max_batch_size}"
+            f"items a request ({protocol}), maxBatchSize {max_batch_size}"
         )
         with servers.started(variant, Path(folder) / "serve.log", timeout_s=300) as server:
             plan = Plan(
