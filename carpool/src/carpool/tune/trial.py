@@ -75,7 +75,11 @@ async def until_applied(
     deadline = time.monotonic() + APPLY_TIMEOUT_S
     while True:
         async with session.get(url) as reply:
-            reply.raise_for_status()
+            if reply.status != 200:
+                raise NotApplied(
+                    f"GET {url} answered {reply.status}: a sidecar older than this carpool "
+                    "does not say which settings it uses"
+                )
             in_use = (await reply.json())["batching"]
         if all(in_use.get(key) == value for key, value in settings.items()):
             return
