@@ -51,16 +51,24 @@ class ModelSettings:
 FLOAT_HANDLERS = ("toy", "stand-in")
 
 
-def oip_json_load(handler: str, text_length: workload.TextLength) -> list[workload.PreparedRequest]:
-    """The OIP JSON requests for `handler`: four floats for the float handlers, else texts."""
+def oip_json_load(
+    handler: str,
+    text_length: workload.TextLength,
+    items: int = 1,
+    protocol: workload.Protocol = "oip-json",
+) -> list[workload.PreparedRequest]:
+    """The OIP JSON requests for `handler` of `items` items each: four floats an item for the
+    float handlers, else texts; with `protocol` oip-binary, their data as binary tensor data
+    after a JSON header."""
     floats = handler in FLOAT_HANDLERS
     return workload.build(
         workload.WorkloadSpec(
-            protocol="oip-json",
+            protocol=protocol,
             payload="toy" if floats else "text",
             model_name=handler,
             input_name="input" if floats else "text",
             text_length=text_length,
+            batch_per_request=items,
         )
     )
 

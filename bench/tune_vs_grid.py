@@ -13,6 +13,7 @@ trials and time, and the medians of the rechecks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -25,7 +26,7 @@ import servers
 from carpool.contract.batching import Batching
 from carpool.loadgen import runner, workload
 from carpool.tune import search
-from carpool.tune.trial import Load, SettingsFile, Trials
+from carpool.tune.trial import Load, SettingsFile, Trials, until_applied
 
 SPACE = search.Space(
     (
@@ -38,7 +39,7 @@ SPACE = search.Space(
 
 
 async def compare(
-    url: str, file: SettingsFile, load: Load, settle: float, objective_s: float, recheck: int
+    url: str, file: SettingsFile, load: Load, objective_s: float, recheck: int
 ) -> None:
     prepared = workload.build(
         workload.WorkloadSpec(
@@ -47,7 +48,8 @@ async def compare(
     )
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as session:
         send = runner.make_sender(session, url, prepared)
-        trials = Trials(SPACE, file, send, load, settle, False, SPACE.size)
+        applied = functools.partial(until_applied, session, f"{url}/v2/models/stand-in/batching")
+        trials = Trials(SPACE, file, send, load, applied, False, SPACE.size)
         began = time.monotonic()
         start = SPACE.nearest(Batching().as_file())
         tuned = await search.coordinate_search(SPACE, start, trials.measure, objective_s)
@@ -94,7 +96,6 @@ async def compare(
 @click.option("--percentile", default=99.0, show_default=True)
 @click.option("--duration", default=1.5, show_default=True, help="seconds per trial")
 @click.option("--warmup", default=0.3, show_default=True)
-@click.option("--settle", default=1.2, show_default=True)
 @click.option("--recheck", default=3, show_default=True)
 def main(
     handler_options: str,
@@ -104,7 +105,6 @@ def main(
     percentile: float,
     duration: float,
     warmup: float,
-    settle: float,
     recheck: int,
 ) -> None:
     settings = servers.ModelSettings("stand-in", "stand-in", "cpu", 1, 64, 5.0, handler_options)
@@ -122,9 +122,7 @@ def main(
         variant = servers.Variant("carpool", (*variant.command, "--config-file", str(path)))
         print(f"stand-in {handler_options}, load {load}, space of {SPACE.size()} points")
         with servers.started(variant, Path(folder) / "serve.log", timeout_s=120) as server:
-            asyncio.run(
-                compare(server.url, SettingsFile(path), load, settle, objective_ms / 1000, recheck)
-            )
+            asyncio.run(compare(server.url, SettingsFile(path), load, objective_ms / 1000, recheck))
 
 
 if __name__ == "__main__":

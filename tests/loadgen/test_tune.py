@@ -65,18 +65,23 @@ def test_the_frontier_keeps_only_settings_nothing_beats_on_both() -> None:
     assert [t.settings["maxBatchSize"] for t in search.frontier(trials)] == [1, 4, 8]
 
 
+def tune(url: str, settings: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`carpool tune` of a toy sidecar at `url`: short closed-loop trials, timed dispatch."""
+    command = [sys.executable, "-m", "carpool", "tune", "--url", url, "--objective-ms", "500"]
+    command += ["--settings-file", str(settings), "--duration", "0.5", "--warmup", "0"]
+    command += ["--dispatch", "timed", "--max-inflight-batches", "2", "--quiet", *options]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
 def test_tune_rewrites_a_live_sidecars_settings_and_writes_the_best(tmp_path: Path) -> None:
     settings = tmp_path / "batching.json"
     settings.write_text('{"timeoutMs": 20000}')
     snippet, report = tmp_path / "batching.yaml", tmp_path / "tune.json"
     with run_pair(tmp_path, "toy", "--config-file", str(settings)) as pair:
-        command = [sys.executable, "-m", "carpool", "tune", "--url", pair.sidecar.url]
-        command += ["--settings-file", str(settings), "--objective-ms", "500"]
-        command += ["--concurrency", "4", "--duration", "0.5", "--warmup", "0", "--settle", "1.2"]
-        command += ["--max-batch-size", "1,4", "--max-wait-ms", "0", "--dispatch", "timed"]
-        command += ["--max-inflight-batches", "2", "--quiet"]
-        command += ["--snippet", str(snippet), "--json", str(report)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        done = tune(
+            pair.sidecar.url, settings, "--concurrency", "4", "--max-batch-size", "1,4",
+            "--max-wait-ms", "0", "--snippet", str(snippet), "--json", str(report),
+        )  # fmt: skip
         assert done.returncode == 0, done.stderr + pair.sidecar.log()
         log = pair.sidecar.log()
     document = orjson.loads(report.read_bytes())
@@ -88,3 +93,17 @@ def test_tune_rewrites_a_live_sidecars_settings_and_writes_the_best(tmp_path: Pa
     assert f"    maxBatchSize: {best['maxBatchSize']}\n" in snippet.read_text()
     assert snippet.read_text().startswith("# carpool tune: ")
     assert "spec:\n  batching:\n" in done.stdout
+
+
+def test_tune_stops_when_the_sidecar_does_not_take_its_settings(tmp_path: Path) -> None:
+    read, other = tmp_path / "batching.json", tmp_path / "other.json"
+    read.write_text("{}")
+    other.write_text("{}")
+    with run_pair(tmp_path, "toy", "--config-file", str(read)) as pair:
+        done = tune(
+            pair.sidecar.url, other, "--concurrency", "1", "--max-batch-size", "4",
+            "--max-wait-ms", "3",
+        )  # fmt: skip
+    # Rather than measuring the settings in use as if they were the ones written.
+    assert done.returncode != 0
+    assert "did not take" in done.stderr and "--config-file" in done.stderr, done.stderr

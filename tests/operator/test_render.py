@@ -311,6 +311,19 @@ def test_optional_children_follow_the_spec() -> None:
     assert "PodMonitor" not in by_kind(render(SPECS["autoscaled"], podmonitor_api=False))
 
 
+def test_the_hpa_also_scales_on_the_predicted_drain_when_asked() -> None:
+    autoscaling = {"enabled": True, "targetQueueItemsPerPod": 32, "targetQueueDrainMs": 100}
+    hpa = by_kind(render(model(autoscaling=autoscaling)))["HorizontalPodAutoscaler"]
+    targets = {
+        metric["pods"]["metric"]["name"]: metric["pods"]["target"]
+        for metric in hpa["spec"]["metrics"]
+    }
+    assert targets == {
+        "carpool_queue_items": {"type": "AverageValue", "averageValue": "32"},
+        "carpool_queue_drain_seconds": {"type": "AverageValue", "averageValue": "100m"},
+    }
+
+
 @pytest.mark.parametrize(
     ("asked", "autoscaling", "rendered", "hpa", "budget"),
     [

@@ -95,12 +95,24 @@ async def test_settings_file_changes_the_batch_size_live(tmp_path: Path) -> None
             while await batches_for_eight() != 1:
                 assert time.monotonic() < deadline, "new maxBatchSize not applied"
                 await asyncio.sleep(0.2)
+            # The sidecar says which settings it uses.
+            assert in_use(sidecar)["maxBatchSize"] == 8
+            assert in_use(sidecar)["maxWaitMs"] == 5
             # A bad file is ignored: the last good settings stay, the sidecar lives on.
             settings.write_bytes(b'{"maxBatchSize": -1}')
             await asyncio.sleep(1.5)
             assert await batches_for_eight() == 1
+            assert in_use(sidecar)["maxBatchSize"] == 8
         assert "maxBatchSize" in sidecar.log()
         assert sidecar.process.poll() is None
+
+
+def in_use(sidecar: Sidecar) -> dict[str, Any]:
+    """The batching settings the sidecar says it uses."""
+    status, body = get(sidecar, f"/v2/models/{sidecar.model}/batching")
+    assert status == 200, body
+    settings: dict[str, Any] = orjson.loads(body)["batching"]
+    return settings
 
 
 async def infer_binary(

@@ -60,6 +60,9 @@ async def test_what_would_answer_late_is_refused_at_once(
     # At once, not after the 1.2 s it would have taken.
     assert took < 0.2
     assert metric(sidecar, "carpool_rejected_total", reason="objective") == 1
+    # The sidecar times its refusals too: within what the client saw.
+    assert metric(sidecar, "carpool_refusal_seconds_count", protocol="rest") == 1
+    assert 0 < metric(sidecar, "carpool_refusal_seconds_sum", protocol="rest") < took
     assert metric(sidecar, "carpool_requests_within_objective_total") == within_before + 3
     await until(sidecar, "carpool_queue_drain_seconds", 0)
 

@@ -327,6 +327,7 @@ async def test_priority_is_served_first(world: World) -> None:
         ("/v2/models/m/versions/1", "/v2/models/{name}/versions/{version}"),
         ("/v2/models/m/ready", "/v2/models/{name}/ready"),
         ("/v2/models/m/versions/1/ready", "/v2/models/{name}/versions/{version}/ready"),
+        ("/v2/models/m/batching", "/v2/models/{name}/batching"),
         ("/v1/models/m", "/v1/models/{name}"),
     ],
 )

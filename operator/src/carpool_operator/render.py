@@ -367,6 +367,11 @@ def pod_disruption_budget(spec: ModelSpec) -> Manifest:
 
 def horizontal_pod_autoscaler(spec: ModelSpec) -> Manifest:
     scaling = spec.autoscaling
+    # Per pod, averaged over the pods; with two, the HPA follows whichever asks for more.
+    targets = [("carpool_queue_items", str(scaling.target_queue_items_per_pod))]
+    if scaling.target_queue_drain_ms:
+        # A quantity of seconds, in thousandths.
+        targets.append(("carpool_queue_drain_seconds", f"{scaling.target_queue_drain_ms}m"))
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -379,13 +384,11 @@ def horizontal_pod_autoscaler(spec: ModelSpec) -> Manifest:
                 {
                     "type": "Pods",
                     "pods": {
-                        "metric": {"name": "carpool_queue_items"},
-                        "target": {
-                            "type": "AverageValue",
-                            "averageValue": str(scaling.target_queue_items_per_pod),
-                        },
+                        "metric": {"name": name},
+                        "target": {"type": "AverageValue", "averageValue": value},
                     },
                 }
+                for name, value in targets
             ],
         },
     }

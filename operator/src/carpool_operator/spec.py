@@ -57,6 +57,7 @@ class Autoscaling:
     min_replicas: int = 1
     max_replicas: int = 4
     target_queue_items_per_pod: int = 16
+    target_queue_drain_ms: int = 0  # also on carpool_queue_drain_seconds; 0: items alone
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
             min_replicas=int(autoscaling.get("minReplicas", 1)),
             max_replicas=int(autoscaling.get("maxReplicas", 4)),
             target_queue_items_per_pod=int(autoscaling.get("targetQueueItemsPerPod", 16)),
+            target_queue_drain_ms=int(autoscaling.get("targetQueueDrainMs", 0)),
         ),
         runtime_class_name=runtime_class_name(str(spec.get("runtimeClassName", "")), defaults, gpu),
         rollout=parse_rollout(_section(spec, "rollout"), gpu),

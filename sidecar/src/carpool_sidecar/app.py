@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -56,9 +57,9 @@ def error_response(status: int, message: str, extra: dict[str, str] | None = Non
 @web.middleware
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
     metrics = request.app[SIDECAR].metrics
-    loop = asyncio.get_running_loop()
+    # Not the loop's clock: uvloop's counts whole milliseconds, from the turn's start.
     counting = (
-        metrics.answering("rest", loop.time)
+        metrics.answering("rest", time.monotonic)
         if request.match_info.route.name in INFERENCE_ROUTES
         else contextlib.nullcontext(Answer())
     )
@@ -267,6 +268,11 @@ async def model_ready(request: web.Request) -> web.Response:
     return json_response(body, status=200 if is_ready else 503)
 
 
+async def batching(request: web.Request) -> web.Response:
+    dataplane = check_model(request)
+    return json_response(bodies.Batching(batching=dataplane.batcher.settings.as_file()))
+
+
 @functools.cache
 def _openapi_body() -> bytes:
     # Rendering takes tens of milliseconds (pydantic); the routes never change.
@@ -296,6 +302,7 @@ ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
     ("GET", "/v2/models/{name}/versions/{version}", model_metadata, op.MODEL_METADATA, None),
     ("GET", "/v2/models/{name}/ready", model_ready, op.MODEL_READY, None),
     ("GET", "/v2/models/{name}/versions/{version}/ready", model_ready, op.MODEL_READY, None),
+    ("GET", "/v2/models/{name}/batching", batching, op.BATCHING, None),
     ("POST", "/v2/models/{name}/infer", v2_infer, op.INFER, "v2-infer"),
     ("POST", "/v2/models/{name}/versions/{version}/infer", v2_infer, op.INFER, "v2-infer-version"),
     ("POST", "/v2/models/{name}/generate", v2_generate, op.GENERATE, "v2-generate"),

@@ -63,6 +63,16 @@ class ModelReady(TypedDict):
     ready: bool
 
 
+class Batching(TypedDict):
+    batching: Annotated[
+        dict[str, float | str],
+        Field(
+            description="The batching settings in use, by settings-file key: flags and "
+            "environment with the settings file (--config-file) laid over them, as last read."
+        ),
+    ]
+
+
 Priority = Annotated[
     int, Field(ge=0, description="Level 1 is served first, then 2, ...; 0 (default) last.")
 ]

@@ -95,6 +95,12 @@ READY = Operation(
 V1_LIVE = Operation("KServe v1 liveness: alive while the process answers.", bodies.V1Live)
 SERVER_METADATA = Operation("Server metadata.", bodies.ServerMetadata)
 MODEL_METADATA = Operation("Model metadata.", bodies.ModelMetadata, (ModelNotFound, Unavailable))
+BATCHING = Operation(
+    "The batching settings in use; after a change to the settings file, they show when it "
+    "has been taken.",
+    bodies.Batching,
+    (ModelNotFound,),
+)
 MODEL_READY = Operation("Model readiness.", bodies.ModelReady, (ModelNotFound,), probe=True)
 INFER = Operation(
     "Inference: one result per item, in order.",

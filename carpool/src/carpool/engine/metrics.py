@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from carpool.engine.errors import CLIENT_GONE, LATE_REASONS, SidecarError
+from carpool.engine.errors import CLIENT_GONE, LATE_REASONS, QueueFull, SidecarError
 
 BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))  # 1, 2, 4 ... 1024
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+# Refusals are meant to take well under the batches they spare the queue.
+REFUSAL_BUCKETS = (0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 # padded elements / real elements - 1: 0 means no padding, 1 means as much padding as data.
 PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 # The fronts a request can arrive by: the `protocol` label of the request metrics.
@@ -49,6 +51,14 @@ class SidecarMetrics:
             ["model", "protocol"],
             registry=registry,
             buckets=LATENCY_BUCKETS,
+        )
+        self.refusal_duration = Histogram(
+            "carpool_refusal_seconds",
+            "Time from receiving an inference request to refusing it with 429 (queue full, "
+            "or predicted to miss the latency objective or its deadline), by protocol.",
+            ["model", "protocol"],
+            registry=registry,
+            buckets=REFUSAL_BUCKETS,
         )
         self.queue_wait = histogram(
             "carpool_queue_wait_seconds",
@@ -148,9 +158,10 @@ class SidecarMetrics:
             self.rejected.labels(model, reason)
         for protocol in PROTOCOLS:
             self.request_duration.labels(model, protocol)
+            self.refusal_duration.labels(model, protocol)
         # answered() runs once per request and labels() is a locked lookup with string
         # keys: its children are kept here by (protocol, code).
-        self._answers: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._answers: dict[tuple[str, int], tuple[Counter, Histogram, Histogram | None]] = {}
 
     def batch_sent(self, reason: str, size: int) -> None:
         self.batches.labels(self._model, reason).inc()
@@ -172,14 +183,18 @@ class SidecarMetrics:
     def answered(self, code: int, seconds: float, protocol: str) -> None:
         children = self._answers.get((protocol, code))
         if children is None:
+            refused = code == QueueFull.status
             children = (
                 self.requests.labels(self._model, protocol, str(code)),
                 self.request_duration.labels(self._model, protocol),
+                self.refusal_duration.labels(self._model, protocol) if refused else None,
             )
             self._answers[protocol, code] = children
-        requests, duration = children
+        requests, duration, refusal = children
         requests.inc()
         duration.observe(seconds)
+        if refusal is not None:
+            refusal.observe(seconds)
         if self._objective_s and code < 300 and seconds <= self._objective_s:
             self.within_objective.inc()
 

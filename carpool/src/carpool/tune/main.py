@@ -13,6 +13,7 @@ without a restart. At the end the file holds the best settings found.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -25,10 +26,7 @@ from carpool.contract.batching import DISPATCH_MODES, Batching
 from carpool.loadgen import runner, workload
 from carpool.loadgen.main import DEFAULT_INPUT_NAMES, DEFAULT_MODEL_NAMES
 from carpool.tune import output, search
-from carpool.tune.trial import Load, SettingsFile, Trials
-
-# A second for the sidecar's poll of its settings file, and some for the batches in flight.
-SETTLE_S = 1.5
+from carpool.tune.trial import Load, NotApplied, SettingsFile, Trials, until_applied
 
 
 @click.command()
@@ -51,7 +49,6 @@ SETTLE_S = 1.5
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Poisson requests/s.")
 @click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per trial.")
 @click.option("--warmup", type=float, default=1.0, show_default=True, help="Unrecorded seconds.")
-@click.option("--settle", type=float, default=SETTLE_S, show_default=True, help="Seconds.")
 @click.option(
     "--max-batch-size",
     "batch_sizes",
@@ -101,7 +98,6 @@ def command(
     rate: float | None,
     duration: float,
     warmup: float,
-    settle: float,
     batch_sizes: tuple[int, ...],
     waits: tuple[int, ...],
     dispatches: tuple[str, ...],
@@ -155,9 +151,9 @@ def command(
     objective_s = objective_ms / 1000
     try:
         trials = asyncio.run(
-            _search(url, space, file, load, settle, not quiet, grid, rounds, objective_s, spec)
+            _search(url, space, file, load, not quiet, grid, rounds, objective_s, spec)
         )
-    except runner.ServerUnreachable as error:
+    except (runner.ServerUnreachable, NotApplied) as error:
         raise click.ClickException(str(error)) from None
     winner = search.best(trials, objective_s)
     file.write(winner.settings)
@@ -179,7 +175,6 @@ async def _search(
     space: search.Space,
     file: SettingsFile,
     load: Load,
-    settle: float,
     progress: bool,
     grid: bool,
     rounds: int,
@@ -200,7 +195,9 @@ async def _search(
             file,
             send,
             load,
-            settle,
+            functools.partial(
+                until_applied, session, f"{url.rstrip('/')}/v2/models/{spec.model_name}/batching"
+            ),
             progress,
             lambda: space.size() if grid else max(first_round, trials.done),
         )

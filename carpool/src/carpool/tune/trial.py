@@ -2,8 +2,9 @@
 
 The sidecar reads its settings file (`--config-file`) every second and uses new settings
 from its next batch on, without a restart: a trial writes the file (atomically, its other
-keys kept), waits `settle_s` for the sidecar to read it, warms up unrecorded, then records
-a closed loop of `level` clients or a Poisson load of `level` requests/s.
+keys kept), waits until the sidecar says it uses them (`GET /v2/models/{name}/batching`),
+warms up unrecorded, then records a closed loop of `level` clients or a Poisson load of
+`level` requests/s.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import orjson
 
 from carpool.loadgen.loops import LoopResult, Send, closed_loop, open_loop, poisson_arrivals
@@ -56,6 +58,40 @@ class SettingsFile:
         os.replace(name, self.path)
 
 
+# The sidecar reads its settings file every second; a file it has not taken by then is one
+# it does not read (another path) or refuses (see its log).
+APPLY_TIMEOUT_S = 5.0
+APPLY_POLL_S = 0.05
+
+
+class NotApplied(Exception):
+    """The sidecar did not take the settings written."""
+
+
+async def until_applied(
+    session: aiohttp.ClientSession, url: str, settings: Mapping[str, Value]
+) -> None:
+    """Return once the sidecar's batching settings at `url` hold `settings`."""
+    deadline = time.monotonic() + APPLY_TIMEOUT_S
+    while True:
+        async with session.get(url) as reply:
+            if reply.status != 200:
+                raise NotApplied(
+                    f"GET {url} answered {reply.status}: a sidecar older than this carpool "
+                    "does not say which settings it uses"
+                )
+            in_use = (await reply.json())["batching"]
+        if all(in_use.get(key) == value for key, value in settings.items()):
+            return
+        if time.monotonic() >= deadline:
+            raise NotApplied(
+                f"the sidecar did not take {dict(settings)} within {APPLY_TIMEOUT_S:g} s "
+                f"(it uses {in_use}): is the settings file the one it reads (--config-file)? "
+                "Its log says why it refused a file."
+            )
+        await asyncio.sleep(APPLY_POLL_S)
+
+
 def latency_at(result: LoopResult, percentile: float) -> float:
     """The latency at the percentile (nearest rank), a request not answered 200 counting as
     one that never came (infinite)."""
@@ -77,7 +113,7 @@ class Trials:
         settings_file: SettingsFile,
         send: Send,
         load: Load,
-        settle_s: float,
+        applied: Callable[[Mapping[str, Value]], Awaitable[None]],
         progress: bool,
         planned: Callable[[], int],
     ) -> None:
@@ -85,7 +121,7 @@ class Trials:
         self._file = settings_file
         self._send = send
         self._load = load
-        self._settle_s = settle_s
+        self._applied = applied  # returns once the sidecar uses the settings given
         self._progress = progress
         self._planned = planned  # trials expected in all, for the progress bar's label
         self._rng = random.Random(load.seed)
@@ -95,7 +131,7 @@ class Trials:
         started = time.monotonic()
         settings = self._space.settings(point)
         self._file.write(settings)
-        await asyncio.sleep(self._settle_s)
+        await self._applied(settings)
         load = self._load
         if load.warmup_s > 0:
             await self._run(load.warmup_s, None)
