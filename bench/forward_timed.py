@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import struct
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_embedding import TextEmbeddingHandler
-from carpool_model_server.text_batch import Tokens
+
+if TYPE_CHECKING:  # older checkouts, measured beside this one, keep it elsewhere
+    from carpool_model_server.text_batch import Tokens
 
 FILE_ENV = "CARPOOL_FORWARD_CPU_FILE"
 TOTAL = struct.Struct("<d")

@@ -194,7 +194,14 @@ def model_cpu(
                     handler_options or "preset=fast",
                 ]
             else:
-                args += ["--handler", "forward_timed:ForwardTimedEmbedding"]
+                # Warm-up at the longest text, every batch size on one thread, outlasts the
+                # readiness wait on a loaded machine; the rounds run short texts alike.
+                args += [
+                    "--handler",
+                    "forward_timed:ForwardTimedEmbedding",
+                    "--warmup-seconds",
+                    "1",
+                ]
                 args += ["--handler-options", handler_options] if handler_options else []
                 path = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(BENCH_DIR)]))
                 env = {**env, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}

@@ -218,18 +218,20 @@ def decode_request(body: bytes) -> list[dict[str, Tensor]]:
             raise WireError("tensors must be a map of name to tensor")
         item = {}
         for name, value in inputs.items():
-            kind: tuple[Any, ...] | None
+            kind: tuple[Any, ...] | None = None
+            shape = None
             try:
                 data = value["data"]
-                kind = (value["datatype"], len(data), *value["shape"])
-                shape = checked.get(kind) if type(data) is bytes else None
+                if type(data) is bytes:
+                    kind = (value["datatype"], len(data), *value["shape"])
+                    shape = checked.get(kind)
             except (KeyError, TypeError):
-                kind, shape = None, None  # malformed: _unpack_tensor says how
+                kind = None  # malformed: _unpack_tensor says how
             if shape is not None:
                 tensor = Tensor(value["datatype"], shape, data)
             else:
                 tensor = _unpack_tensor(value)
-                if kind is not None and type(tensor.data) is bytes:
+                if kind is not None:
                     checked[kind] = tensor.shape
             item[name if type(name) is str else str(name)] = tensor
         items.append(item)
