@@ -11,10 +11,13 @@ closed loop at each concurrency: items/s and p50.
 
 `model-cpu`: the model server's CPU per item outside the forward pass: the stand-in
 accelerator (whose forward pass sleeps with the GIL released, as a wait for GPU kernels
-does) served by this tree and by `--baseline` (an older checkout: its .venv, or this
-interpreter with its sources first on the path), loaded alike by framed batches, A B A B.
+does), or text-embedding (all-MiniLM-L6-v2 on the CPU, its forward pass's own CPU time
+counted on the worker thread and taken off: `forward_timed.py`), served by this tree and by
+each `--baseline` (an older checkout: its .venv, or this
+interpreter with its sources first on the path; named by its folder), loaded alike by
+framed batches, A B C A B C.
 
-    python bench/hop.py model-cpu --baseline /tmp/old-checkout --batch 32 --clients 2
+    python bench/hop.py model-cpu --baseline /tmp/before --baseline /tmp/main --batch 32
 
 Both print one line per variant and level: the median over rounds, and every round.
 """
@@ -25,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -32,17 +36,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import click
+import forward_timed
 import numpy as np
 import psutil
 import servers
 
 from carpool import processes
-from carpool.contract.wire import Tensor
+from carpool.contract.wire import BYTES, Tensor
 from carpool.loadgen import runner, workload
 from carpool.loadgen.report import CellResult
 from carpool_sidecar.client import ModelClient
 
 PIPELINE_ENV = "CARPOOL_MODEL_PIPELINE"
+BENCH_DIR = Path(__file__).resolve().parent
 
 
 @click.group()
@@ -93,7 +99,9 @@ async def _hop_rounds(
             client = ModelClient(url, framed=name == "framed")
             try:
                 await client.infer(items, 10.0)  # connects
-                figures[name].append(await _hop_round(client, server, items, clients, seconds))
+                figures[name].append(
+                    (await _hop_round(client, server, items, clients, seconds))[:3]
+                )
             finally:
                 await client.close()
     return figures
@@ -105,13 +113,13 @@ async def _hop_round(
     items: list[dict[str, Tensor]],
     clients: int,
     seconds: float,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
     sent = 0
 
     async def sender(deadline: float) -> None:
         nonlocal sent
         while time.monotonic() < deadline:
-            await client.infer(items, 10.0)
+            await client.infer(items, 60.0)
             sent += len(items)
 
     server_before, client_before = _cpu(server), time.process_time()
@@ -119,7 +127,7 @@ async def _hop_round(
     await asyncio.gather(*(sender(started + seconds) for _ in range(clients)))
     wall = time.monotonic() - started
     client_cpu, server_cpu = time.process_time() - client_before, _cpu(server) - server_before
-    return sent / wall, client_cpu / sent * 1e6, server_cpu / sent * 1e6
+    return sent / wall, client_cpu / sent * 1e6, server_cpu / sent * 1e6, sent
 
 
 async def _until_ready(client: ModelClient, timeout_s: float = 120.0) -> None:
@@ -143,50 +151,80 @@ def _cpu(process: psutil.Process) -> float:
 @click.option("--seconds", type=float, default=3.0, show_default=True)
 @click.option("--clients", type=int, default=2, show_default=True, help="batches in flight")
 @click.option("--batch", type=int, default=32, show_default=True, help="items per batch")
-@click.option("--handler-options", default="preset=fast", show_default=True)
+@click.option("--handler", type=click.Choice(["stand-in", "text-embedding"]), default="stand-in")
+@click.option("--handler-options", default=None, help="[default: preset=fast for stand-in]")
+@click.option("--text-length", type=click.Choice(workload.TEXT_LENGTHS), default="short")
 @click.option(
     "--baseline",
+    "baselines",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="an older checkout, measured beside this tree",
+    multiple=True,
+    help="an older checkout, measured beside this tree (repeatable)",
 )
 def model_cpu(
     rounds: int,
     seconds: float,
     clients: int,
     batch: int,
-    handler_options: str,
-    baseline: Path | None,
+    handler: str,
+    handler_options: str | None,
+    text_length: str,
+    baselines: tuple[Path, ...],
 ) -> None:
-    """The stand-in's model server: CPU microseconds per item, this tree and --baseline."""
-    trees = {"this": (processes.carpool_command(), {})}
-    if baseline is not None:
-        trees = {"baseline": _tree_command(baseline.resolve()), **trees}
+    """A model server's CPU microseconds per item outside the forward pass, this tree and
+    each --baseline."""
+    trees = {tree.resolve().name: _tree_command(tree.resolve()) for tree in baselines}
+    if len(trees) < len(baselines) or "this" in trees:
+        raise click.UsageError("name each --baseline by a folder of its own (not 'this')")
+    trees["this"] = (processes.carpool_command(), {})
     with (
         tempfile.TemporaryDirectory(prefix="carpool-model-cpu-") as folder,
         contextlib.ExitStack() as stack,
     ):
         servers_by_name = {}
         for name, (command, env) in trees.items():
-            socket = Path(folder) / f"{name}.sock"
-            args = [*command, "model-server", "--handler", "stand-in", "--socket", str(socket)]
-            args += ["--handler-options", handler_options, "--torch-threads", "1"]
+            socket, forward = Path(folder) / f"{name}.sock", Path(folder) / f"{name}.forward"
+            args = [*command, "model-server", "--socket", str(socket), "--torch-threads", "1"]
             args += ["--max-batch-size", str(batch)]
+            if handler == "stand-in":
+                args += [
+                    "--handler",
+                    handler,
+                    "--handler-options",
+                    handler_options or "preset=fast",
+                ]
+            else:
+                # Warm-up at the longest text, every batch size on one thread, outlasts the
+                # readiness wait on a loaded machine; the rounds run short texts alike.
+                args += [
+                    "--handler",
+                    "forward_timed:ForwardTimedEmbedding",
+                    "--warmup-seconds",
+                    "1",
+                ]
+                args += ["--handler-options", handler_options] if handler_options else []
+                path = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(BENCH_DIR)]))
+                env = {**env, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+                env[forward_timed.FILE_ENV] = str(forward)
             server = processes.spawn(args, Path(folder) / f"{name}.log", env)
             stack.callback(processes.stop, server, 10.0)
-            servers_by_name[name] = (socket, server.pid)
-        figures = asyncio.run(_model_cpu_rounds(servers_by_name, rounds, seconds, clients, batch))
+            servers_by_name[name] = (socket, server.pid, forward)
+        items = _items(handler, batch, text_length)
+        figures = asyncio.run(_model_cpu_rounds(servers_by_name, rounds, seconds, clients, items))
     for name, runs in figures.items():
         click.echo(
             f"{name:>8}: items/s {_median(runs, 0):>8.0f}  model server us/item "
             f"{_median(runs, 2):>6.1f}  rounds {[round(run[2], 1) for run in runs]}"
         )
-    if "baseline" in figures:
-        ratio = statistics.median(
-            this[2] / base[2]
-            for this, base in zip(figures["this"], figures["baseline"], strict=True)
-        )
-        click.echo(f"this/baseline: model server CPU per item {ratio:.2f}x (paired by round)")
+    for name in trees:
+        if name != "this":
+            ratios = [
+                this[2] / base[2] for this, base in zip(figures["this"], figures[name], strict=True)
+            ]
+            click.echo(
+                f"this/{name}: model server CPU per item {statistics.median(ratios):.2f}x "
+                f"(paired by round: {min(ratios):.2f}-{max(ratios):.2f})"
+            )
 
 
 def _tree_command(tree: Path) -> tuple[list[str], dict[str, str]]:
@@ -199,29 +237,39 @@ def _tree_command(tree: Path) -> tuple[list[str], dict[str, str]]:
     return processes.carpool_command(), {"PYTHONPATH": os.pathsep.join(sources)}
 
 
+def _items(handler: str, batch: int, text_length: str) -> list[dict[str, Tensor]]:
+    if handler == "stand-in":
+        return [
+            {"input": Tensor.from_numpy(np.arange(4, dtype=np.float32) + index)}
+            for index in range(batch)
+        ]
+    texts = workload.text_items(batch, text_length, random.Random(0))  # type: ignore[arg-type]
+    return [{"text": Tensor(BYTES, (1,), [text.encode()])} for text in texts]
+
+
 async def _model_cpu_rounds(
-    servers_by_name: dict[str, tuple[Path, int]],
+    servers_by_name: dict[str, tuple[Path, int, Path]],
     rounds: int,
     seconds: float,
     clients: int,
-    batch: int,
+    items: list[dict[str, Tensor]],
 ) -> dict[str, list[tuple[float, float, float]]]:
-    items = [
-        {"input": Tensor.from_numpy(np.arange(4, dtype=np.float32) + index)}
-        for index in range(batch)
-    ]
-    for socket, _ in servers_by_name.values():
+    """Per server and round: items/s, this process's and the server's CPU us per item, the
+    server's less its forward pass's where the handler counts it."""
+    for socket, _, _ in servers_by_name.values():
         await _until_ready(ModelClient(f"unix://{socket}"))
     figures: dict[str, list[tuple[float, float, float]]] = {name: [] for name in servers_by_name}
     for _ in range(rounds):
-        for name, (socket, pid) in servers_by_name.items():
+        for name, (socket, pid, forward) in servers_by_name.items():
             client = ModelClient(f"unix://{socket}")
             try:
-                await client.infer(items, 10.0)  # connects
-                round_figures = await _hop_round(
+                await client.infer(items, 60.0)  # connects
+                before = forward_timed.read_total(str(forward))
+                rate, client_us, server_us, sent = await _hop_round(
                     client, psutil.Process(pid), items, clients, seconds
                 )
-                figures[name].append(round_figures)
+                forward_us = (forward_timed.read_total(str(forward)) - before) / sent * 1e6
+                figures[name].append((rate, client_us, server_us - forward_us))
             finally:
                 await client.close()
     return figures

@@ -159,3 +159,52 @@ def test_an_error_status_that_is_no_http_status_is_a_wire_error(status: object) 
     body = msgpack.packb({"results": [{"error": "no", "status": status}]})
     with pytest.raises(WireError, match="status"):
         wire.decode_answer(body)
+
+
+# FP32 tensors of shape [2], some with a byte too many or an element too many or few.
+FP32_PAIR = st.builds(
+    lambda size: {"x": {"datatype": "FP32", "shape": [2], "data": b"\1" * size}},
+    st.sampled_from([8, 8, 8, 9, 4, 12]),
+)
+
+
+@given(st.lists(FP32_PAIR | st.builds(lambda: {"x": {"datatype": "BYTES", "shape": [1]}})))
+def test_a_batch_decodes_as_its_items_would_alone(items: list[dict[str, Any]]) -> None:
+    """The checks done once per kind of tensor in a batch refuse what the check of each item
+    alone does: a tensor whose data does not fit is refused after one of its kind that did."""
+    alone: list[dict[str, Tensor]] = []
+    refused = None
+    for raw in items:
+        try:
+            (decoded,) = wire.decode_request(msgpack.packb({"items": [{"inputs": raw}]}))
+        except WireError as error:
+            refused = str(error)
+            break
+        alone.append(decoded)
+    body = msgpack.packb({"items": [{"inputs": raw} for raw in items]})
+    if refused is not None:
+        with pytest.raises(WireError) as raised:
+            wire.decode_request(body)
+        assert str(raised.value) == refused
+    else:
+        assert wire.decode_request(body) == alone
+
+
+def test_a_batch_of_mixed_datatypes_and_shapes_keeps_each_items_own() -> None:
+    items = [
+        {"x": Tensor.from_numpy(np.arange(4, dtype=np.float32))},
+        {"x": Tensor.from_numpy(np.arange(4, dtype=np.int32))},
+        {"x": Tensor.from_numpy(np.arange(4, dtype=np.float32).reshape(2, 2))},
+        {"x": Tensor.from_numpy(np.arange(2, dtype=np.float64))},
+        {"x": Tensor.from_numpy(np.arange(4, dtype=np.float32) + 1)},
+    ]
+    decoded = wire.decode_request(wire.encode_request(items))
+    assert [(d["x"].datatype, d["x"].shape) for d in decoded] == [
+        ("FP32", (4,)),
+        ("INT32", (4,)),
+        ("FP32", (2, 2)),
+        ("FP64", (2,)),
+        ("FP32", (4,)),
+    ]
+    for got, sent in zip(decoded, items, strict=True):
+        np.testing.assert_array_equal(got["x"].to_numpy(), sent["x"].to_numpy())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from carpool.contract import frames, wire
@@ -92,12 +91,7 @@ class FrameServer:
                 if code == frames.CANCEL:
                     connection.cancel(request_id)
                 elif code in (frames.BATCH, frames.STREAM):
-                    frames_out = (
-                        self._service.stream_body(payload)
-                        if code == frames.STREAM
-                        else self._batch(payload)
-                    )
-                    batch = asyncio.create_task(self._answer(connection, request_id, frames_out))
+                    batch = asyncio.create_task(self._answer(connection, request_id, code, payload))
                     connection.batches[request_id] = batch
                 else:
                     connection.send(request_id, 400, f"unknown frame code {code}".encode())
@@ -107,17 +101,17 @@ class FrameServer:
             await connection.close()
             self._connections.pop(task, None)
 
-    async def _batch(self, payload: bytes) -> AsyncIterator[tuple[int, bytes]]:
-        yield frames.OK, await self._service.infer_body(payload)
-
     async def _answer(
-        self, connection: _Connection, request_id: int, answer: AsyncIterator[tuple[int, bytes]]
+        self, connection: _Connection, request_id: int, code: int, payload: bytes
     ) -> None:
         # The one place that turns domain errors into frame codes, as app.py does for HTTP.
         try:
-            async for code, payload in answer:
-                connection.send(request_id, code, payload)
-                if code == frames.PART:
+            if code == frames.BATCH:
+                connection.send(request_id, frames.OK, await self._service.infer_body(payload))
+                return
+            async for answer_code, answer in self._service.stream_body(payload):
+                connection.send(request_id, answer_code, answer)
+                if answer_code == frames.PART:
                     # A slow sidecar slows its stream, not the memory of this process.
                     await connection.writer.drain()
         except ServerError as error:

@@ -12,17 +12,20 @@ sized to the pod's CPUs, several at once.
 from __future__ import annotations
 
 import importlib
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.metadata import Metadata, TensorSpec
-from carpool.contract.wire import Item, Tensor
+from carpool.contract.wire import BYTES, NUMPY_DTYPES, Item, Tensor, datatype_of
 from carpool_model_server.errors import InvalidItem
 
 BatchT = TypeVar("BatchT")
@@ -158,6 +161,73 @@ def require_input(item: Item, spec: TensorSpec) -> Tensor:
         )
     check_limits(tensor, spec)
     return tensor
+
+
+def require_inputs(
+    items: Sequence[Item], spec: TensorSpec
+) -> tuple[dict[int, Tensor], dict[int, str]]:
+    """`require_input` for a whole batch: the valid items' tensors by index, in order, and
+    messages for the rest. A numeric input without a range is checked once per datatype and
+    shape in the batch (its verdict depends on nothing else)."""
+    tensors: dict[int, Tensor] = {}
+    rejected: dict[int, str] = {}
+    by_value = spec.datatype == BYTES or (spec.minimum, spec.maximum) != (None, None)
+    verdicts: dict[tuple[str, tuple[int, ...]], str | None] = {}
+    for index, item in enumerate(items):
+        tensor = item.get(spec.name)
+        kind = None if tensor is None or by_value else (tensor.datatype, tensor.shape)
+        if kind is None or kind not in verdicts:
+            try:
+                require_input(item, spec)
+                error = None
+            except InvalidItem as refused:
+                error = str(refused)
+            if kind is not None:
+                verdicts[kind] = error
+        else:
+            error = verdicts[kind]
+        if error is None:
+            assert tensor is not None  # require_input found it
+            tensors[index] = tensor
+        else:
+            rejected[index] = error
+    return tensors, rejected
+
+
+def joined(tensors: Iterable[Tensor], datatype: str) -> npt.NDArray[Any]:
+    """The elements of numeric tensors of `datatype`, one after another in one writable
+    array: one copy for the batch (`reshape` it where they share a shape, hand it to
+    `torch.from_numpy`) instead of one per item."""
+    # Numeric tensors hold a byte buffer (`require_input` checked the datatype).
+    buffers = cast("list[bytes]", [tensor.data for tensor in tensors])
+    return np.frombuffer(bytearray().join(buffers), dtype=NUMPY_DTYPES[datatype])
+
+
+def output_rows(
+    name: str, values: npt.NDArray[Any], shapes: Sequence[tuple[int, ...]] | None = None
+) -> list[dict[str, Tensor]]:
+    """`postprocess`'s answer for one numeric output: `values` holds the batch, first
+    dimension the items; or, with `shapes`, the items' elements one after another (as
+    `joined` gives them), each item of its shape. The batch's bytes are made once and each
+    item's tensor is a view of its part."""
+    datatype = datatype_of(values.dtype)
+    if datatype == BYTES:
+        return [{name: Tensor.from_numpy(row)} for row in values]
+    data = memoryview(np.ascontiguousarray(values, dtype=NUMPY_DTYPES[datatype]).tobytes())
+    if shapes is None:
+        step = len(data) // len(values) if len(values) else 0
+        row: tuple[int, ...] = values.shape[1:]
+        return [
+            {name: Tensor(datatype, row, data[index * step : (index + 1) * step])}
+            for index in range(len(values))
+        ]
+    outputs = []
+    start, itemsize = 0, NUMPY_DTYPES[datatype].itemsize
+    for shape in shapes:
+        end = start + math.prod(shape) * itemsize
+        outputs.append({name: Tensor(datatype, shape, data[start:end])})
+        start = end
+    return outputs
 
 
 def check_limits(tensor: Tensor, spec: TensorSpec) -> None:

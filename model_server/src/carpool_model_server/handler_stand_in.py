@@ -21,13 +21,13 @@ import torch
 
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
-from carpool_model_server.errors import InvalidItem
 from carpool_model_server.handler import (
     Handler,
     HandlerSettings,
     Prepared,
-    require_input,
-    split_valid,
+    joined,
+    output_rows,
+    require_inputs,
 )
 
 # Any length per item, as toy payloads ([4]) and longer ones; bounded like a real input.
@@ -82,7 +82,15 @@ def timing_of(options: Mapping[str, str]) -> Timing:
     return replace(timing, **values)
 
 
-class StandInHandler(Handler[list[np.ndarray], list[np.ndarray]]):
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A batch: every item's elements one after another, and each item's shape."""
+
+    values: np.ndarray
+    shapes: list[tuple[int, ...]]
+
+
+class StandInHandler(Handler[Rows, Rows]):
     metadata = Metadata(
         platform="carpool_stand_in",
         inputs=(INPUT,),
@@ -99,23 +107,27 @@ class StandInHandler(Handler[list[np.ndarray], list[np.ndarray]]):
     def load(self, device: torch.device) -> None:
         """No weights: nothing to load."""
 
-    def preprocess(self, items: Sequence[Item]) -> Prepared[list[np.ndarray]]:
-        rows, rejected = split_valid(items, _check)
-        return Prepared(rows or None, len(rows), rejected)
+    def preprocess(self, items: Sequence[Item]) -> Prepared[Rows]:
+        # The whole batch at once: one join, one finiteness check (the items only when it fails).
+        tensors, rejected = require_inputs(items, INPUT)
+        values = joined(tensors.values(), INPUT.datatype)
+        if not np.isfinite(values).all():
+            for index, tensor in list(tensors.items()):
+                if not np.isfinite(tensor.to_numpy()).all():
+                    rejected[index] = f"input {INPUT.name!r} must be finite"
+                    del tensors[index]
+            values = joined(tensors.values(), INPUT.datatype)
+        if not tensors:
+            return Prepared(None, 0, rejected)
+        shapes = [tensor.shape for tensor in tensors.values()]
+        return Prepared(Rows(values, shapes), len(shapes), rejected)
 
-    def infer(self, batch: list[np.ndarray]) -> list[np.ndarray]:
-        time.sleep(self.timing.seconds(len(batch), self._draw))
-        return [row * 2 + 1 for row in batch]
+    def infer(self, batch: Rows) -> Rows:
+        time.sleep(self.timing.seconds(len(batch.shapes), self._draw))
+        return Rows(batch.values * 2 + 1, batch.shapes)
 
-    def postprocess(self, outputs: list[np.ndarray]) -> list[dict[str, Tensor]]:
-        return [{OUTPUT.name: Tensor.from_numpy(row)} for row in outputs]
+    def postprocess(self, outputs: Rows) -> list[dict[str, Tensor]]:
+        return output_rows(OUTPUT.name, outputs.values, outputs.shapes)
 
     def example_item(self) -> Item:
         return {INPUT.name: Tensor.from_numpy(np.zeros(4, dtype=np.float32))}
-
-
-def _check(item: Item) -> np.ndarray:
-    row = require_input(item, INPUT).to_numpy()
-    if not np.isfinite(row).all():
-        raise InvalidItem(f"input {INPUT.name!r} must be finite")
-    return row

@@ -28,7 +28,7 @@ import torch
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Tensor
 from carpool_model_server.folder import read_json
-from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler import HandlerSettings, output_rows
 from carpool_model_server.handler_options import boolean_option, choice_option
 from carpool_model_server.text_batch import TEXT, TEXT_OPTIONS, TextHandler, Tokens
 
@@ -149,7 +149,7 @@ class TextEmbeddingHandler(TextHandler[torch.Tensor]):
         return torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
 
     def postprocess(self, outputs: torch.Tensor) -> list[dict[str, Tensor]]:
-        return [{EMBEDDING.name: Tensor.from_numpy(row)} for row in outputs.cpu().numpy()]
+        return output_rows(EMBEDDING.name, outputs.cpu().numpy())
 
 
 def _default_model() -> Path:

@@ -19,7 +19,13 @@ from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
 from carpool_model_server.device import to_device
 from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import Handler, Prepared, check_limits, split_valid
+from carpool_model_server.handler import (
+    Handler,
+    Prepared,
+    check_limits,
+    output_rows,
+    split_valid,
+)
 
 # The most one item may hold: 64 MiB of FP32, more than a 3 x 2048 x 2048 image.
 MAX_ITEM_ELEMENTS = 1 << 24
@@ -71,8 +77,7 @@ class TorchScriptHandler(Handler[torch.Tensor, torch.Tensor]):
         return output
 
     def postprocess(self, outputs: torch.Tensor) -> list[dict[str, Tensor]]:
-        rows = outputs.float().cpu().numpy()
-        return [{OUTPUT.name: Tensor.from_numpy(row)} for row in rows]
+        return output_rows(OUTPUT.name, outputs.float().cpu().numpy())
 
 
 def _array_of(item: Item) -> npt.NDArray[np.float32]:

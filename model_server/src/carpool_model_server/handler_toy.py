@@ -15,8 +15,13 @@ import torch
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import Item, Tensor
 from carpool_model_server.device import to_device
-from carpool_model_server.errors import InvalidItem
-from carpool_model_server.handler import Handler, Prepared, require_input, split_valid
+from carpool_model_server.handler import (
+    Handler,
+    Prepared,
+    joined,
+    output_rows,
+    require_inputs,
+)
 
 WIDTH = 4
 INPUT = TensorSpec("input", "FP32", (WIDTH,))
@@ -36,8 +41,17 @@ class ToyHandler(Handler[torch.Tensor, torch.Tensor]):
         self.device = device
 
     def preprocess(self, items: Sequence[Item]) -> Prepared[torch.Tensor]:
-        rows, rejected = split_valid(items, _check)
-        batch = to_device(torch.from_numpy(np.stack(rows)), self.device) if rows else None
+        tensors, rejected = require_inputs(items, INPUT)
+        rows = joined(tensors.values(), INPUT.datatype).reshape(-1, WIDTH)
+        infinite = np.isinf(rows).any(axis=1)
+        if infinite.any():
+            indices = list(tensors)
+            for position in np.flatnonzero(infinite):
+                rejected[indices[position]] = (
+                    f"input {INPUT.name!r} must be finite, got {rows[position].tolist()}"
+                )
+            rows = rows[~infinite]
+        batch = to_device(torch.from_numpy(rows), self.device) if len(rows) else None
         return Prepared(batch, len(rows), rejected)
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:
@@ -46,14 +60,7 @@ class ToyHandler(Handler[torch.Tensor, torch.Tensor]):
         return batch * 2 + 1
 
     def postprocess(self, outputs: torch.Tensor) -> list[dict[str, Tensor]]:
-        return [{OUTPUT.name: Tensor.from_numpy(row)} for row in outputs.cpu().numpy()]
+        return output_rows(OUTPUT.name, outputs.cpu().numpy())
 
     def example_item(self) -> Item | None:
         return {INPUT.name: Tensor.from_numpy(np.zeros(WIDTH, dtype=np.float32))}
-
-
-def _check(item: Item) -> np.ndarray:
-    row = require_input(item, INPUT).to_numpy()
-    if np.isinf(row).any():
-        raise InvalidItem(f"input {INPUT.name!r} must be finite, got {row.tolist()}")
-    return row

@@ -86,8 +86,10 @@ class ModelMetrics:
         batch_size.observe(size)
         batch_duration.observe(seconds)
         items.inc(size)
-        invalid_items.inc(invalid)
-        infer_errors.inc(failed)
+        if invalid:  # each inc takes a lock: most batches have nothing to add
+            invalid_items.inc(invalid)
+        if failed:
+            infer_errors.inc(failed)
 
     def observe_gpu(self, device: torch.device) -> None:
         """Refresh the GPU gauges; a no-op off CUDA, so the gauges exist only on GPU pods."""

@@ -34,6 +34,7 @@ from carpool_model_server.handler import AnyHandler, Prepared
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.pod_cpus import pod_cpus
 from carpool_model_server.warmup import default_sizes
+from carpool_model_server.worker_thread import WorkerThread
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -62,7 +63,7 @@ class Runner:
         self._warmup_item = warmup_item
         # Set once, on the worker thread, by the first fatal error; read by the health probe.
         self.failure: str | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carpool-infer")
+        self._worker = WorkerThread("carpool-infer")
         self._preparer: ThreadPoolExecutor | None = None
         self._torch_threads: int | None = None
         concurrent = handler.preprocess_concurrently
@@ -93,7 +94,7 @@ class Runner:
         sizes = warmup_sizes
         if sizes is None:
             sizes = default_sizes(self.max_batch_size, self.device)
-        await self._on(self._executor, self._load, torch_threads, sizes, warmup_seconds)
+        await self._worker.call(self._load, torch_threads, sizes, warmup_seconds)
 
     async def run(self, items: Sequence[Item]) -> list[ItemResult]:
         """Answer every item, in order; a request above the max batch size runs as several.
@@ -112,8 +113,8 @@ class Runner:
             prepared = None
             if self._preparer is not None:
                 prepared = await self._on(self._preparer, self._prepare, chunk)
-            answered, started, last_finished = await self._on(
-                self._executor, self._run_measured, chunk, prepared
+            answered, started, last_finished = await self._worker.call(
+                self._run_measured, chunk, prepared
             )
             results.extend(answered)
             if start == 0:
@@ -124,7 +125,7 @@ class Runner:
         """Let the batch in flight finish; batches not started yet are dropped."""
         if self._preparer is not None:
             self._preparer.shutdown(wait=True, cancel_futures=True)
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._worker.close()
 
     async def _on(
         self,
@@ -209,8 +210,9 @@ class Runner:
             self.metrics.observe_batch(len(items), time.monotonic() - started, 0, len(items))
             raise
         finished = time.monotonic()
-        invalid = sum(r.status == InvalidItem.status for r in results if r.error is not None)
-        failed = sum(r.error is not None for r in results) - invalid
+        errors = [r.status for r in results if r.error is not None]
+        invalid = errors.count(InvalidItem.status)
+        failed = len(errors) - invalid
         self.metrics.observe_batch(len(items), finished - started, invalid, failed)
         self.metrics.observe_gpu(self.device)
         return results, started, finished
@@ -260,6 +262,8 @@ class Runner:
             raise InferError(
                 f"handler returned {len(outputs)} results for a batch of {accepted_count} items"
             )
+        if not prepared.rejected:
+            return [ItemResult(outputs=answer) for answer in outputs]
         answers = iter(outputs)
         return [
             ItemResult.failed(prepared.rejected[index], InvalidItem.status)

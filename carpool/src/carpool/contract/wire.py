@@ -160,7 +160,8 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
 
 
 def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
-    return {"datatype": tensor.datatype, "shape": list(tensor.shape), "data": tensor.data}
+    # msgpack writes a tuple as an array: the shape needs no list.
+    return {"datatype": tensor.datatype, "shape": tensor.shape, "data": tensor.data}
 
 
 def _unpack_tensor(raw: Any) -> Tensor:
@@ -206,10 +207,34 @@ def encode_request(items: Sequence[Item]) -> bytes:
 
 def decode_request(body: bytes) -> list[dict[str, Tensor]]:
     items = []
+    # The shapes of the byte buffers checked in this batch, by datatype, length and shape as
+    # they came: the items of a batch mostly share them, and are not checked again.
+    checked: dict[tuple[Any, ...], tuple[int, ...]] = {}
     for raw in _loads(body, "items")[1]:
         if not isinstance(raw, dict):
             raise WireError("each item must be a map with an 'inputs' map")
-        items.append(_unpack_tensors(raw.get("inputs")))
+        inputs = raw.get("inputs")
+        if not isinstance(inputs, dict):
+            raise WireError("tensors must be a map of name to tensor")
+        item = {}
+        for name, value in inputs.items():
+            kind: tuple[Any, ...] | None = None
+            shape = None
+            try:
+                data = value["data"]
+                if type(data) is bytes:
+                    kind = (value["datatype"], len(data), *value["shape"])
+                    shape = checked.get(kind)
+            except (KeyError, TypeError):
+                kind = None  # malformed: _unpack_tensor says how
+            if shape is not None:
+                tensor = Tensor(value["datatype"], shape, data)
+            else:
+                tensor = _unpack_tensor(value)
+                if kind is not None:
+                    checked[kind] = tensor.shape
+            item[name if type(name) is str else str(name)] = tensor
+        items.append(item)
     return items
 
 
