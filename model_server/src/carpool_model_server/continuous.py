@@ -80,7 +80,9 @@ class TokenLoop:
     ) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        from carpool_model_server import prefill_alone  # noqa: F401  (registers its schedule)
+        from carpool_model_server import prefill_alone
+
+        prefill_alone.register()
 
         self.tokenizer = tokenizer
         self.eos_id = eos_id

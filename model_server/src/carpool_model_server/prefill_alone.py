@@ -46,4 +46,6 @@ class PrefillAloneScheduler(FIFOScheduler):
         return super().schedule_batch(token_budget, cache_budget)
 
 
-SCHEDULER_MAPPING.setdefault(NAME, PrefillAloneScheduler)
+def register() -> None:
+    """Make the schedule one that transformers' continuous batching takes by NAME."""
+    SCHEDULER_MAPPING.setdefault(NAME, PrefillAloneScheduler)
