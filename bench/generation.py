@@ -8,9 +8,17 @@ another in process (`model.generate`).
 Each request's prompt has 8 to 256 words and asks for 1 to 256 tokens, greedy; the model is
 a random-weight GPT-2 of the shape given with a word-level tokenizer (no download). Served
 requests go to `generate_stream` from `--clients` closed-loop clients; time to first token
-is to the first event (for static batching, the whole answer's). Rounds alternate the
-variants; medians are reported, and every variant's texts are compared with sequential
-`generate`'s.
+is to the first event (for static batching, the whole answer's), inter-token latency the
+time between events. Rounds alternate the variants; medians are reported, and every
+variant's texts are compared with sequential `generate`'s (with `--skip sequential`, with
+the first served variant's).
+
+`--served` names the served variants as handler options, so that settings of the token
+loop can be compared in one run:
+
+    python bench/generation.py --skip sequential "in process" --served batching=static \
+        batching=continuous batching=continuous,scheduler=prefill_first \
+        batching=continuous,step_tokens=256
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,7 @@ class Run:
     tokens: int
     seconds: float
     first_token_s: list[float]
+    gaps_s: list[float] = field(default_factory=list)  # between a request's events
 
     @property
     def rate(self) -> float:
@@ -106,6 +115,7 @@ def in_process(model: Any, tokenizer: Any, work: Work) -> Run:
 async def served(url: str, work: Work, clients: int) -> Run:
     texts = [""] * len(work)
     firsts = [0.0] * len(work)
+    gaps: list[float] = []
     tokens = 0
     pending = list(enumerate(work))
     loop = asyncio.get_running_loop()
@@ -115,7 +125,7 @@ async def served(url: str, work: Work, clients: int) -> Run:
         while pending:
             index, (prompt, new_tokens) = pending.pop(0)
             body = {"text_input": prompt, "parameters": {"max_tokens": new_tokens}}
-            sent = loop.time()
+            sent = last = loop.time()
             pieces = []
             async with http.post(url, data=orjson.dumps(body)) as reply:
                 assert reply.status == 200, await reply.read()
@@ -123,8 +133,12 @@ async def served(url: str, work: Work, clients: int) -> Run:
                     if not line.startswith(b"data: "):
                         continue
                     event = orjson.loads(line[6:])
-                    if not pieces:
-                        firsts[index] = loop.time() - sent
+                    now = loop.time()
+                    if pieces:
+                        gaps.append(now - last)
+                    else:
+                        firsts[index] = now - sent
+                    last = now
                     pieces.append(event["text_output"])
                     if event["done"]:
                         tokens += event["generated_tokens"]
@@ -135,7 +149,7 @@ async def served(url: str, work: Work, clients: int) -> Run:
         started = loop.time()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         seconds = loop.time() - started
-    return Run(texts, tokens, seconds, firsts)
+    return Run(texts, tokens, seconds, firsts, gaps)
 
 
 async def lone_first_token(url: str, work: Work, count: int = 5) -> float:
@@ -155,6 +169,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument(
+        "--served",
+        nargs="+",
+        default=["batching=static", "batching=continuous"],
+        help="served variants, each as the handler's options",
+    )
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["sequential", "in process"], help="variants"
+    )
     args = parser.parse_args()
     # bench/library.py would shadow the tests' `library` folder.
     sys.path[:] = [str(TESTS_DIR), *(p for p in sys.path if Path(p) != Path(__file__).parent)]
@@ -178,43 +201,52 @@ def main() -> None:
         "sequential": lambda: sequential(model, tokenizer, work),
         "in process": lambda: in_process(model, tokenizer, work),
     }
+    for skipped in args.skip:
+        del variants[skipped]
     for round_ in range(args.rounds):
-        for batching in ("static", "continuous") if round_ % 2 == 0 else ("continuous", "static"):
-            options = ["--handler-options", f"batching={batching}"]
-            if batching == "continuous":  # room for every client's prompt and answer
-                options[1] += f",cache_tokens={args.clients * 512}"
-            run_dir = folder / f"{batching}{round_}"
+        order = args.served if round_ % 2 == 0 else args.served[::-1]
+        for index, options in enumerate(order):
+            if "batching=continuous" in options and "cache_tokens" not in options:
+                # Room for every client's prompt and answer.
+                options += f",cache_tokens={args.clients * 512}"
+            name = options.removeprefix("batching=").split(",cache_tokens")[0]
+            run_dir = folder / f"run{round_}-{index}"
             run_dir.mkdir()
             with run_pair(
                 run_dir,
                 "text-generation",
                 *sidecar_args,
-                model_args=[*model_args, *options],
+                model_args=[*model_args, "--handler-options", options],
                 model="gen",
             ) as pair:
                 url = pair.sidecar.url + "/v2/models/gen/generate_stream"
-                lone.setdefault(batching, []).append(asyncio.run(lone_first_token(url, work)))
-                runs.setdefault(batching, []).append(asyncio.run(served(url, work, args.clients)))
+                lone.setdefault(name, []).append(asyncio.run(lone_first_token(url, work)))
+                runs.setdefault(name, []).append(asyncio.run(served(url, work, args.clients)))
         for name, variant in variants.items():
             runs.setdefault(name, []).append(variant())
     report(runs, lone, args)
 
 
 def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any) -> None:
-    reference = runs["sequential"][0].texts
-    static_rate = statistics.median(run.rate for run in runs["static"])
+    first = next(iter(runs.values()))  # the first served variant
+    reference = runs.get("sequential", first)[0].texts
+    static_rate = statistics.median(run.rate for run in runs.get("static", first))
     print(
         f"{args.requests} requests, {args.clients} clients, GPT-2 {args.layers}x{args.width}, "
         f"torch threads {args.torch_threads}, {args.rounds} rounds (medians); "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[1]:.1f} (5 min)"
     )
-    print("| variant | tokens/s | vs static | TTFT p50 s | lone TTFT s | texts = generate |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| variant | tokens/s | vs static | TTFT p50 s | TTFT p90 s | lone TTFT s "
+        "| TTFT p50 / lone | ITL p50 ms | ITL p90 ms | texts = reference |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, measured in runs.items():
         rate = statistics.median(run.rate for run in measured)
-        firsts = [statistics.median(run.first_token_s) for run in measured if run.first_token_s]
-        first = f"{statistics.median(firsts):.3f}" if firsts else "-"
-        alone = f"{statistics.median(lone[name]):.3f}" if name in lone else "-"
+        first = _quantiles([run.first_token_s for run in measured if len(run.first_token_s) > 1])
+        gaps = _quantiles([run.gaps_s for run in measured if run.gaps_s], scale=1000)
+        alone = statistics.median(lone[name]) if name in lone else None
+        ratio = f"{float(first[0]) / alone:.1f}" if alone and first[0] != "-" else "-"
         same = sum(
             text == want
             for run in measured
@@ -222,9 +254,20 @@ def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any) 
         )
         total = len(reference) * len(measured)
         print(
-            f"| {name} | {rate:.0f} | {rate / static_rate:.2f} | {first} | {alone} "
+            f"| {name} | {rate:.0f} | {rate / static_rate:.2f} | {first[0]} | {first[1]} "
+            f"| {'-' if alone is None else f'{alone:.3f}'} | {ratio} | {gaps[0]} | {gaps[1]} "
             f"| {same}/{total} |"
         )
+
+
+def _quantiles(samples: list[list[float]], scale: float = 1.0) -> tuple[str, str]:
+    """The medians over runs of each run's p50 and p90, as text; '-' without samples."""
+    if not samples:
+        return "-", "-"
+    p50 = statistics.median(statistics.quantiles(each, n=10)[4] for each in samples)
+    p90 = statistics.median(statistics.quantiles(each, n=10)[8] for each in samples)
+    digits = 1 if scale > 1 else 3
+    return f"{p50 * scale:.{digits}f}", f"{p90 * scale:.{digits}f}"
 
 
 if __name__ == "__main__":

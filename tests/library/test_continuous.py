@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,10 +19,14 @@ from carpool_model_server.continuous import Piece
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_generation import TextGenerationHandler
 
+# The loop's defaults, and steps of 16 tokens that split most prompts over several steps.
+STEPS = [{}, {"step_tokens": "16"}]
 
-@pytest.fixture(scope="module")
-def handler(tiny_lm_path: Path) -> Iterator[TextGenerationHandler]:
-    settings = HandlerSettings(tiny_lm_path, torch.float32, 16, {"batching": "continuous"})
+
+@pytest.fixture(scope="module", params=STEPS, ids=["default-steps", "split-prompts"])
+def handler(tiny_lm_path: Path, request: pytest.FixtureRequest) -> Iterator[TextGenerationHandler]:
+    options = {"batching": "continuous", **request.param}
+    settings = HandlerSettings(tiny_lm_path, torch.float32, 16, options)
     loaded = TextGenerationHandler(settings)
     loaded.load(torch.device("cpu"))
     yield loaded
@@ -67,6 +73,42 @@ async def test_concurrent_streams_match_generate_alone(handler: TextGenerationHa
         assert final.generated_tokens == len(tokens)
 
 
+async def test_newcomers_prompts_are_prefilled_in_steps_of_their_own(
+    handler: TextGenerationHandler,
+) -> None:
+    """Sequences that decode wait out the step that prefills a newcomer's prompt: on a CPU a
+    step's attention covers every key its sequences have cached, so a prompt prefilled
+    beside them costs many times what it costs alone, and that is the newcomer's wait for
+    its first token."""
+    assert handler.loop is not None
+    scheduler = handler.loop._manager.batch_processor.scheduler
+    steps: list[list[tuple[str, bool]]] = []  # (request, whether it gets a token) per step
+    schedule = scheduler.schedule_batch
+
+    def recorded(token_budget: int, cache_budget: int) -> Any:
+        scheduled = schedule(token_budget, cache_budget)
+        if scheduled[0]:
+            steps.append([(each.state.request_id, each.has_new_token) for each in scheduled[0]])
+        return scheduled
+
+    scheduler.schedule_batch = recorded
+    try:
+        first = [stream(handler, prompt_item(p, max_new_tokens=30)) for p, _ in mixed(3, 5)]
+        running = [asyncio.ensure_future(each) for each in first]
+        await asyncio.sleep(0.2)  # they decode
+        later = [stream(handler, prompt_item(p, max_new_tokens=5)) for p, _ in mixed(2, 6)]
+        await asyncio.gather(*running, *later)
+    finally:
+        del scheduler.schedule_batch  # the class's own again
+    prompted: set[str] = set()  # requests past their prompt
+    kinds = []
+    for step in steps:
+        kinds.append({request in prompted for request, _ in step})
+        prompted.update(request for request, new_token in step if new_token)
+    assert len(prompted) == 5
+    assert all(len(kind) == 1 for kind in kinds), kinds
+
+
 async def test_a_stop_string_ends_the_stream_before_it(handler: TextGenerationHandler) -> None:
     prompt = "a red house by the river"
     free = (await stream(handler, prompt_item(prompt, max_new_tokens=20)))[-1].answer
@@ -98,3 +140,17 @@ async def test_closing_a_stream_frees_its_sequence(handler: TextGenerationHandle
 def test_sampled_items_take_the_static_way(handler: TextGenerationHandler) -> None:
     assert handler.stream(prompt_item("the sky", temperature=0.5)) is None
     assert handler.metadata.streams_tokens
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("scheduler=lifo", "use one of ('prefill_alone', 'fifo', 'prefill_first')"),
+        ("step_tokens=-1", "whole"),
+    ],
+)
+def test_step_options_are_checked(tiny_lm_path: Path, option: str, message: str) -> None:
+    name, value = option.split("=")
+    options = {"batching": "continuous", name: value}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TextGenerationHandler(HandlerSettings(tiny_lm_path, torch.float32, 16, options))

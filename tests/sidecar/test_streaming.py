@@ -1,15 +1,31 @@
-"""Admission of generate requests to a model server that batches tokens itself: places in
-its running batch, then priority order, the queue bound and deadlines."""
+"""Generate requests to a model server that batches tokens itself: admission to places in
+its running batch, then priority order, the queue bound and deadlines; and the answer
+budget that the pieces of slowly read streams are charged to."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from sidecar.test_frame_client import frame_server, read_frame, write_frame
 
-from carpool.engine.errors import DeadlineExceeded, QueueFull
-from carpool_sidecar.streaming import Admission, GenerationMetrics
+from carpool.contract import frames, wire
+from carpool.contract.generation import TEXT_INPUT, TEXT_OUTPUT
+from carpool.contract.metadata import ModelMetadata, TensorSpec
+from carpool.contract.wire import BYTES, ItemResult, Tensor
+from carpool.engine.batcher import Batcher
+from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
+from carpool.engine.metrics import SidecarMetrics
+from carpool.engine.settings import BatchingSettings
+from carpool_sidecar.answers import AnswerBudget
+from carpool_sidecar.client import ModelClient
+from carpool_sidecar.dataplane import DataPlane
+from carpool_sidecar.forwarder import ModelServerForwarder
+from carpool_sidecar.generation import GenerateRequest
+from carpool_sidecar.health import ModelState
+from carpool_sidecar.streaming import Admission, GenerationMetrics, Streams
 
 LIMIT = 2
 
@@ -74,3 +90,83 @@ async def test_the_queue_is_bounded_and_waiting_has_a_deadline() -> None:
     async with places.place(0, loop.time() + 10, 1, 1):
         assert gauge(registry, "carpool_generation_running_streams") == 1
     assert gauge(registry, "carpool_generation_waiting_streams") == 0
+
+
+GENERATES = ModelMetadata(
+    name="m",
+    platform="test",
+    inputs=(TensorSpec(TEXT_INPUT, BYTES, (1,)),),
+    outputs=(TensorSpec(TEXT_OUTPUT, BYTES, (1,)),),
+    max_batch_size=8,
+    streams_tokens=True,
+)
+PIECE = "x" * 1000
+PIECES = 20
+
+
+def text_frame(text: str) -> bytes:
+    return wire.encode_response(
+        [ItemResult(outputs={TEXT_OUTPUT: Tensor(BYTES, (1,), [text.encode()])})]
+    )
+
+
+async def stream_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers every stream frame with all its pieces at once, then the whole text."""
+    while True:
+        request_id, code, _ = await read_frame(reader)
+        if code == frames.STREAM:
+            for _ in range(PIECES):
+                write_frame(writer, request_id, frames.PART, text_frame(PIECE))
+            write_frame(writer, request_id, frames.OK, text_frame(PIECE * PIECES))
+
+
+async def test_the_pieces_slow_readers_leave_unread_hold_no_more_than_the_budget(
+    tmp_path: Path,
+) -> None:
+    """Six streams of 40 kB each (20 pieces, then the whole text), whose callers take one
+    piece and then stop reading, against 60 kB of room for unsent answers: the pieces
+    waiting in the sidecar never hold more, the streams that found no room are cut (503),
+    the others are whole once read, and every byte is given back at the end."""
+    budget = AnswerBudget(2**20, 60_000)
+    http_socket = tmp_path / "model.sock"
+    client = ModelClient(f"unix://{http_socket}")
+    settings = BatchingSettings(max_queue_items=8)
+    batcher = Batcher(
+        settings,
+        ModelServerForwarder(client, ModelState()),
+        SidecarMetrics(CollectorRegistry(), "m"),
+    )
+    state = ModelState()
+    state.ready, state.metadata = True, GENERATES
+    streams = Streams(client, GenerationMetrics(CollectorRegistry(), "m"))
+    plane = DataPlane("m", batcher, state, budget, streams)
+    read_on = asyncio.Event()
+    peak = 0
+
+    async def slow_reader() -> str:
+        now = asyncio.get_running_loop().time()
+        pieces = plane.generate_stream(GenerateRequest("prompt"), None, now, 2**20)
+        try:
+            text = (await anext(pieces)).text
+            await read_on.wait()
+            async for piece in pieces:
+                text += piece.text
+            return text
+        finally:
+            await pieces.aclose()
+
+    async with frame_server(Path(frames.socket_for(http_socket)), stream_at_once):
+        try:
+            readers = [asyncio.create_task(slow_reader()) for _ in range(6)]
+            for _ in range(100):  # until every frame has come
+                await asyncio.sleep(0.01)
+                peak = max(peak, budget.unsent)
+            read_on.set()
+            outcomes = await asyncio.gather(*readers, return_exceptions=True)
+        finally:
+            await client.close()
+    assert 0 < peak <= 60_000
+    cut = [each for each in outcomes if isinstance(each, Unavailable)]
+    assert cut and all("60000" in each.message for each in cut), outcomes
+    assert sorted(set(outcomes) - set(cut)) == [PIECE * PIECES]
+    assert budget.unsent == 0

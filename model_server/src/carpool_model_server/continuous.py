@@ -29,6 +29,10 @@ from carpool_model_server.handler_text_generation import Answer, Request, cut_at
 log = logging.getLogger(__name__)
 # Tokens per page of the paged KV cache.
 PAGE_TOKENS = 32
+# Query tokens of one step, by default: a burst of new prompts is prefilled a few at a time,
+# so the first of them start decoding early, and a step's attention (all its queries over
+# all its keys, without a paged kernel) stays small. Measured in benchmarks.md.
+STEP_TOKENS = 512
 WARMUP_SECONDS = 60.0
 
 
@@ -38,6 +42,18 @@ class Piece:
 
     text: str
     answer: Answer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepSettings:
+    """What one step of the loop may hold, as transformers' continuous batching takes it."""
+
+    # Query tokens per step (prefill chunks and decodes together); 0: STEP_TOKENS.
+    batch_tokens: int
+    # What a step holds: "prefill_alone" (new prompts in steps of their own, see
+    # prefill_alone.py), or transformers' "fifo" (sequences decoding, then prompts being
+    # prefilled, then new ones) or "prefill_first" (prompts split over steps first).
+    scheduler: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +76,13 @@ class TokenLoop:
         pad_id: int,
         max_sequences: int,
         cache_tokens: int,
+        step: StepSettings,
     ) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        from carpool_model_server import prefill_alone
+
+        prefill_alone.register()
 
         self.tokenizer = tokenizer
         self.eos_id = eos_id
@@ -73,8 +94,9 @@ class TokenLoop:
         sizes = ContinuousBatchingConfig(
             num_blocks=max(1, cache_tokens // PAGE_TOKENS),
             page_size=PAGE_TOKENS,
-            max_batch_tokens=max(PAGE_TOKENS, cache_tokens // 4),
+            max_batch_tokens=step.batch_tokens or STEP_TOKENS,
             max_requests_per_batch=max_sequences,
+            scheduler_type=step.scheduler,
             # Pages of finished sequences are freed, not kept for a later prompt that might
             # share their prefix: the cache in use is the running sequences' alone.
             allow_block_sharing=False,

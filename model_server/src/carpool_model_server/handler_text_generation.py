@@ -14,8 +14,10 @@ how many tokens its prompt and its answer took.
 iteration-level batching loop instead (`continuous.TokenLoop`, transformers' continuous
 batching with a paged KV cache of `cache_tokens` tokens, 16 sequences' worth of the context
 by default): requests join and leave the running batch at every token, and the model server
-streams each one's tokens as they come (`stream`). Sampled requests and batches sent as
-batches (`/infer`) keep the static way.
+streams each one's tokens as they come (`stream`). `scheduler` says what a step holds
+(`prefill_alone` by default: new prompts in steps of their own) and `step_tokens` how many
+query tokens at most. Sampled requests and batches sent as batches (`/infer`) keep the
+static way.
 
 What one item may ask is bounded in the metadata, from the loaded model's context, so the
 sidecar refuses the rest before queueing: the prompt's bytes (PROMPT_BYTES_PER_TOKEN per
@@ -28,7 +30,7 @@ in float32 after subtracting their maximum, so even a subnormal temperature give
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -75,6 +77,8 @@ PROMPT_TOKENS = TensorSpec(generation.PROMPT_TOKENS, "INT32", (1,))
 GENERATED_TOKENS = TensorSpec(generation.GENERATED_TOKENS, "INT32", (1,))
 WARMUP_PROMPT = "carpool warms up the model"
 BATCHING = ("static", "continuous")
+# How the token loop fills a step (continuous.StepSettings); the first is the default.
+SCHEDULERS = ("prefill_alone", "fifo", "prefill_first")
 # The paged cache holds this many sequences of the model's full context, by default.
 CACHE_SEQUENCES = 16
 
@@ -140,17 +144,21 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         outputs=(TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, GENERATED_TOKENS),
         pads_variable_dims=True,
     )
-    options: ClassVar[frozenset[str]] = frozenset({"batching", "cache_tokens"})
+    options: ClassVar[frozenset[str]] = frozenset(
+        {"batching", "cache_tokens", "step_tokens", "scheduler"}
+    )
 
     def __init__(self, settings: HandlerSettings) -> None:
         super().__init__(settings)
         self.batching = settings.options.get("batching", "static")
         if self.batching not in BATCHING:
             raise ValueError(f"option batching={self.batching!r}: use one of {BATCHING}")
-        cache = settings.options.get("cache_tokens", "0")
-        if not cache.isdigit():
-            raise ValueError(f"option cache_tokens={cache!r}: use a whole number of tokens")
-        self.cache_tokens = int(cache)  # 0: CACHE_SEQUENCES full contexts
+        self.cache_tokens = _tokens_option(settings.options, "cache_tokens")  # 0: the default
+        scheduler = settings.options.get("scheduler", SCHEDULERS[0])
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"option scheduler={scheduler!r}: use one of {SCHEDULERS}")
+        self.scheduler = scheduler
+        self.step_tokens = _tokens_option(settings.options, "step_tokens")  # 0: the default
         self.loop: TokenLoop | None = None
 
     def load(self, device: torch.device) -> None:
@@ -174,7 +182,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
             self._start_loop()
 
     def _start_loop(self) -> None:
-        from carpool_model_server.continuous import TokenLoop
+        from carpool_model_server.continuous import StepSettings, TokenLoop
 
         self.loop = TokenLoop(
             self.model,
@@ -183,6 +191,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
             self.pad_id,
             max_sequences=self.settings.max_batch_size,
             cache_tokens=self.cache_tokens or CACHE_SEQUENCES * min(self.context, 1 << 16),
+            step=StepSettings(self.step_tokens, self.scheduler),
         )
         self.loop.warm_up(self.tokenizer(WARMUP_PROMPT)["input_ids"], 4)
         self.metadata = dataclasses.replace(self.metadata, streams_tokens=True)
@@ -388,6 +397,13 @@ class _RowStop:
                 text = self.tokenizer.decode(input_ids[row, start:].tolist())
                 done[row] = any(stop in text for stop in request.stop)
         return done
+
+
+def _tokens_option(options: Mapping[str, str], name: str) -> int:
+    value = options.get(name, "0")
+    if not value.isdigit():
+        raise ValueError(f"option {name}={value!r}: use a whole number of tokens")
+    return int(value)
 
 
 def _bucket(length: int) -> int:

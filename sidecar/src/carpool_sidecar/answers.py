@@ -7,9 +7,17 @@ answer over `max_answer_bytes` is refused (413) rather than built. Every answer 
 or written holds its size in the sidecar's budget until its last byte has gone to the
 socket; past `max_unsent_bytes`, answers are refused (503 with Retry-After), so callers who
 never read what they asked for cannot pile answers up in the sidecar's memory.
+
+A streamed answer comes in frames that wait in the sidecar until its caller has taken the
+one before: each frame holds its bytes in the same budget from its arrival until it has
+been handed to the socket, or the stream ends. A frame that finds the budget spent cuts its
+stream (the caller gets an error, the model server a cancel), as a whole answer would be
+refused: many callers who read their streams slowly cannot hold more than the budget.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 from prometheus_client import Gauge
 
@@ -88,6 +96,11 @@ class AnswerBudget:
     def hold(self, nbytes: int, limit: int) -> Held:
         """Room for an answer of `nbytes`, until `Held.release`."""
         self.check(nbytes, limit)
+        self.reserve(nbytes)
+        return Held(self, nbytes)
+
+    def reserve(self, nbytes: int) -> None:
+        """Count `nbytes` more unsent; Unavailable when that would pass the bound."""
         if self.unsent + nbytes > self.max_unsent_bytes:
             raise Unavailable(
                 f"{self.unsent} bytes of answers are waiting to be sent, the limit is "
@@ -95,7 +108,29 @@ class AnswerBudget:
                 headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
             )
         self.unsent += nbytes
-        return Held(self, nbytes)
+
+
+class HeldFrames:
+    """One stream's frames that have come and are not yet sent, in the budget, in order."""
+
+    def __init__(self, budget: AnswerBudget) -> None:
+        self._budget = budget
+        self._sizes: deque[int] = deque()
+
+    def arrived(self, nbytes: int) -> None:
+        """Hold a frame of `nbytes` that has come; Unavailable when the budget is spent."""
+        self._budget.reserve(nbytes)
+        self._sizes.append(nbytes)
+
+    def sent(self) -> None:
+        """The oldest frame held has gone to the socket."""
+        if self._sizes:
+            self._budget.unsent -= self._sizes.popleft()
+
+    def release(self) -> None:
+        """The stream has ended: its frames held, sent or not, hold nothing more."""
+        self._budget.unsent -= sum(self._sizes)
+        self._sizes.clear()
 
 
 class Held:

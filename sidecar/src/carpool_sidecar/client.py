@@ -8,7 +8,7 @@ opens a new connection.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -87,14 +87,15 @@ class ModelClient:
             ) from error
 
     async def stream(
-        self, item: wire.Item, part_limit: int
+        self, item: wire.Item, part_limit: int, arrived: Callable[[int], None] | None = None
     ) -> AsyncGenerator[tuple[bool, wire.ItemResult], None]:
         """One item sent as a stream: its results as they come, (True, piece) for each
-        piece and (False, whole answer) last. Only over the framed socket, which a model
-        server that streams tokens serves; the caller bounds the time it waits."""
+        piece and (False, whole answer) last, each frame's size told to `arrived` as it
+        comes. Only over the framed socket, which a model server that streams tokens
+        serves; the caller bounds the time it waits."""
         if self._frames is None:
             raise Unavailable("streams take the framed socket: the model server is not on one")
-        answers = self._frames.stream(wire.encode_request([item]), part_limit)
+        answers = self._frames.stream(wire.encode_request([item]), part_limit, arrived)
         try:
             async for code, payload in answers:
                 try:

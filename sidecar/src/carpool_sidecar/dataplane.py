@@ -258,7 +258,9 @@ class DataPlane:
             raise Unavailable("the sidecar is shutting down")
         item = RequestItems(inputs, _check_inputs(inputs, metadata))[0]
         limits = (metadata.max_batch_size, self.batcher.bounds.max_items, answer_limit)
-        return self.streams.run(item, self.model_name, priority, limits, arrived_at, deadline)
+        return self.streams.run(
+            item, self.model_name, priority, limits, arrived_at, deadline, self.answers
+        )
 
     async def _submit(
         self,

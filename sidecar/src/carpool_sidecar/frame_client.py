@@ -4,7 +4,9 @@ The connection opens with the first batch and again with the first batch after i
 every batch in flight when it breaks fails with ModelUnreachable at once. A batch whose
 caller gives up is cancelled on the model server, as an HTTP disconnect would cancel it.
 A stream (one generate request whose answer comes in PART frames) is a batch whose answer
-is read piece by piece; its pieces count against the limit its caller gives.
+is read piece by piece; its pieces count against the limit its caller gives, and each of
+its frames is offered to the caller's `arrived` as it comes (the caller may refuse it, which
+cuts the stream), since it waits here until the caller takes it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from carpool.contract import frames, wire
@@ -26,6 +28,8 @@ class _Waiter:
     """The frames of one batch or stream as they come; its PART frames' bytes, bounded."""
 
     part_limit: int
+    # Told each frame's size as it comes; a SidecarError from it cuts the stream.
+    arrived: Callable[[int], None] | None = None
     frames: asyncio.Queue[Answer | SidecarError] = field(default_factory=asyncio.Queue)
     part_bytes: int = 0
 
@@ -51,14 +55,18 @@ class _Link:
             await frames_in.aclose()
 
     async def exchange(
-        self, body: bytes, code: int, part_limit: int
+        self,
+        body: bytes,
+        code: int,
+        part_limit: int,
+        arrived: Callable[[int], None] | None = None,
     ) -> AsyncGenerator[Answer, None]:
         """Send one frame; its answer's frames, PART ones first (at most `part_limit` bytes
-        of them), the final one last."""
+        of them), the final one last, each told to `arrived` as it comes."""
         if self.broken:  # its reader would never answer
             raise ModelUnreachable("model server connection closed")
         request_id = next(self._ids) % frames.ID_MODULUS
-        waiter = self._waiting[request_id] = _Waiter(part_limit)
+        waiter = self._waiting[request_id] = _Waiter(part_limit, arrived)
         try:
             self._writer.writelines([frames.header(len(body), request_id, code), body])
             await self._writer.drain()
@@ -107,14 +115,20 @@ class _Link:
             return  # given up on
         if code == frames.PART:
             waiter.part_bytes += len(payload)
+        try:
+            if code == frames.PART and waiter.part_bytes > waiter.part_limit:
+                message = f"model server streamed over {waiter.part_limit} bytes for one answer"
+                raise BadModelResponse(message)
+            if waiter.arrived is not None:
+                waiter.arrived(len(payload))
+        except SidecarError as error:
+            del self._waiting[request_id]
+            if code == frames.PART:
+                self._writer.write(frames.header(0, request_id, frames.CANCEL))
+            waiter.frames.put_nowait(error)
+            return
         if code != frames.PART:
             del self._waiting[request_id]
-        elif waiter.part_bytes > waiter.part_limit:
-            del self._waiting[request_id]
-            self._writer.write(frames.header(0, request_id, frames.CANCEL))
-            message = f"model server streamed over {waiter.part_limit} bytes for one answer"
-            waiter.frames.put_nowait(BadModelResponse(message))
-            return
         waiter.frames.put_nowait((code, payload))
 
 
@@ -139,12 +153,14 @@ class FramedBatches:
             raise Unavailable(f"model server answered {code}: {detail}")
         return payload
 
-    async def stream(self, body: bytes, part_limit: int) -> AsyncGenerator[Answer, None]:
+    async def stream(
+        self, body: bytes, part_limit: int, arrived: Callable[[int], None] | None = None
+    ) -> AsyncGenerator[Answer, None]:
         """One stream frame's answer: its PART frames (code, payload), then the final
-        frame's payload with code 200; SidecarError on any failure. The caller bounds the
-        time it waits."""
+        frame's payload with code 200; SidecarError on any failure, `arrived`'s too. The
+        caller bounds the time it waits."""
         link = await self._connected()
-        answers = link.exchange(body, frames.STREAM, part_limit)
+        answers = link.exchange(body, frames.STREAM, part_limit, arrived)
         try:
             async for code, payload in answers:
                 if code not in (frames.OK, frames.PART):

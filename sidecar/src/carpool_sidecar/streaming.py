@@ -6,8 +6,11 @@ The sidecar still bounds and orders them (`Admission`): at most the model's max 
 run at once (the model server's running batch), the rest wait here, highest priority first
 and FIFO within a level, at most maxQueueItems of them (429 past that), each until its
 deadline (504). A caller who leaves gives up its place in the queue, or ends its sequence at
-the model server (the stream frame is cancelled). The metrics say how generation goes:
-time to first token, time between tokens, tokens generated, streams running and waiting.
+the model server (the stream frame is cancelled). The frames a caller has not yet taken
+hold their bytes in the answer budget (`answers.HeldFrames`) until the caller takes the
+next one, that is once the front has sent the one before. The metrics say how generation
+goes: time to first token, time between tokens, tokens generated, streams running and
+waiting.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.errors import BadModelResponse, DeadlineExceeded, ModelError, QueueFull
 from carpool.engine.priority import rank
 from carpool_sidecar import generation
+from carpool_sidecar.answers import AnswerBudget, HeldFrames
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.generation import Ending, GenerateResponse
 
@@ -169,16 +173,18 @@ class Streams:
         limits: tuple[int, int, int],
         arrived_at: float,
         deadline: float,
+        budget: AnswerBudget,
     ) -> AsyncGenerator[Piece, None]:
-        """One generate request as a stream: its pieces of text, then its answer. `limits`:
-        the places in the running batch, the most requests waiting, the answer's most
-        bytes."""
+        """One generate request as a stream: its pieces of text, then its answer, its
+        frames held in `budget` until taken. `limits`: the places in the running batch,
+        the most requests waiting, the answer's most bytes."""
         places, max_waiting, answer_limit = limits
         metrics, loop = self.metrics, asyncio.get_running_loop()
         async with self.admission.place(priority, deadline, places, max_waiting):
             last = arrived_at
             streamed = 0  # characters of text sent in pieces
-            answers = self.client.stream(item, answer_limit)
+            held = HeldFrames(budget)
+            answers = self.client.stream(item, answer_limit, held.arrived)
             try:
                 while True:
                     try:
@@ -194,6 +200,7 @@ class Streams:
                         text = _text(result)
                         streamed += len(text)
                         yield Piece(text)
+                        held.sent()  # the caller asks for the next: this one is gone
                         continue
                     final = _answer(result, model_name)
                     if last == arrived_at:  # the model answered in one piece
@@ -206,6 +213,7 @@ class Streams:
                     return
             finally:
                 await answers.aclose()
+                held.release()
 
 
 def _text(result: ItemResult) -> str:

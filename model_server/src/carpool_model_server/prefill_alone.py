@@ -1,0 +1,51 @@
+"""A schedule for the token loop's steps that prefills new prompts in steps of their own.
+
+On a device without a paged attention kernel (a CPU) transformers' continuous batching runs
+a step's attention as one masked attention of all its query tokens over all the keys its
+sequences have cached, so a step costs about (query tokens) x (cached tokens of the batch).
+With FIFO, a newcomer's prompt is prefilled in a step beside every decoding sequence: 130
+prompt tokens attend to the thousands of tokens the others have cached, and that step costs
+tens of times the same prefill alone, which is the newcomer's first token. Here a step that
+has new prompts to prefill runs them alone (their own keys only) and the decoding sequences
+wait that step out; steps without new prompts decode as FIFO does. A newcomer's first token
+then costs about a lone prefill plus the rest of the step in progress, and the sequences
+already running lose one short step per arrival.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.generation.continuous_batching.requests import RequestStatus
+from transformers.generation.continuous_batching.scheduler import (
+    SCHEDULER_MAPPING,
+    FIFOScheduler,
+)
+
+NAME = "prefill_alone"
+
+
+class PrefillAloneScheduler(FIFOScheduler):
+    def schedule_batch(self, token_budget: int, cache_budget: int) -> Any:
+        prompts = [
+            state
+            for state in self.active_requests.values()
+            if state.status == RequestStatus.PREFILLING
+        ]
+        if not self.block_new_requests:
+            prompts += self._get_waiting_candidates()
+        if prompts:
+            leaving: set[str] = set()
+            scheduled, _, fast, query_tokens, read = self._process_candidates(
+                prompts, token_budget, cache_budget, leaving
+            )
+            self._cleanup_waiting_queue(leaving)
+            if scheduled:
+                return scheduled, fast, query_tokens, read
+        # No prompt, or none the cache has room for: the decoding sequences go on.
+        return super().schedule_batch(token_budget, cache_budget)
+
+
+def register() -> None:
+    """Make the schedule one that transformers' continuous batching takes by NAME."""
+    SCHEDULER_MAPPING.setdefault(NAME, PrefillAloneScheduler)
