@@ -17,6 +17,7 @@ ratios paired by round land in `--results` as summary.md and results.json.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import statistics
 import sys
@@ -27,6 +28,7 @@ from typing import cast
 
 import click
 import orjson
+import psutil
 
 # Sibling modules of this script; bench/ is a folder of scripts, not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +52,9 @@ class Cell:
     requests_per_second: float
     sidecar_cpu_seconds: float
     requests_per_core_second: float
+    # Of the sidecar's CPU, that of the process that batches (with front processes: the one
+    # whose share bounds how far more fronts can take the sidecar).
+    batching_cpu_seconds: float
     p50_ms: float
     mean_items_per_batch: float | None
 
@@ -86,7 +91,7 @@ async def _cell(
         progress=False,
         grpc_target=target.grpc_target if protocol == "grpc" else None,
     )
-    before = target.server.cpu_seconds()["front"]
+    before, batching_before = target.server.cpu_seconds()["front"], _batching_cpu(target)
     [result] = await runner.run(settings, prepared)
     cpu = target.server.cpu_seconds()["front"] - before
     return Cell(
@@ -96,9 +101,20 @@ async def _cell(
         requests_per_second=result.throughput_rps,
         sidecar_cpu_seconds=cpu,
         requests_per_core_second=result.ok / cpu if cpu > 0 else 0.0,
+        batching_cpu_seconds=_batching_cpu(target) - batching_before,
         p50_ms=1000 * result.latency.p50,
         mean_items_per_batch=result.batching.mean_items_per_batch if result.batching else None,
     )
+
+
+def _batching_cpu(target: Target) -> float:
+    """CPU seconds so far of the `carpool sidecar` process (not of its front processes)."""
+    for process in psutil.Process(target.server.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "sidecar" in process.cmdline():
+                times = process.cpu_times()
+                return times.user + times.system
+    return 0.0
 
 
 async def _rounds(
@@ -148,19 +164,21 @@ def summarise(cells: list[Cell], variants: list[str], protocols: list[workload.P
     """Markdown: per variant and protocol the medians, then ratios paired by round."""
     lines = [
         "| variant | protocol | requests/s per sidecar CPU-second | requests/s | p50 ms "
-        "| items/batch |",
-        "|---|---|---|---|---|---|",
+        "| items/batch | batching process's share of sidecar CPU |",
+        "|---|---|---|---|---|---|---|",
     ]
     for variant in variants:
         for protocol in protocols:
             mine = [c for c in cells if c.variant == variant and c.protocol == protocol]
             batch = [c.mean_items_per_batch for c in mine if c.mean_items_per_batch]
+            share = [c.batching_cpu_seconds / c.sidecar_cpu_seconds for c in mine]
             lines.append(
                 f"| {variant} | {protocol} "
                 f"| {_median_range([c.requests_per_core_second for c in mine])} "
                 f"| {statistics.median(c.requests_per_second for c in mine):.0f} "
                 f"| {statistics.median(c.p50_ms for c in mine):.1f} "
-                f"| {statistics.median(batch) if batch else 0:.1f} |"
+                f"| {statistics.median(batch) if batch else 0:.1f} "
+                f"| {statistics.median(share):.2f} |"
             )
     lines += ["", "Per sidecar CPU-second, paired by round (median, range):", ""]
     for variant in variants:

@@ -20,6 +20,12 @@ from carpool.engine.errors import BodyTimeout
 CHUNK_BYTES = 256 * 1024
 
 
+class _Answer(web.StreamResponse):
+    # Headers leave with the body's first write, as aiohttp's own Response sends them, not
+    # in a send of their own: a small answer is one send, not two.
+    _send_headers_immediately = False
+
+
 class AnswerSending:
     def __init__(self, idle_s: float) -> None:
         self._idle_s = idle_s
@@ -35,8 +41,10 @@ class AnswerSending:
         """Send a body given in parts (a JSON header, then binary outputs) without joining
         them; returns once its last byte has gone to the socket."""
         transport = request.transport
-        response = web.StreamResponse(headers=headers)
-        response.content_length = sum(len(part) for part in parts)
+        response = _Answer(headers=headers)
+        response.content_length = length = sum(len(part) for part in parts)
+        if len(parts) > 1 and length <= CHUNK_BYTES:
+            parts = [b"".join(parts)]
         if transport is None:  # the caller already left
             return response
         self._writing.add(transport)

@@ -68,10 +68,20 @@ class Link:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._out: list[bytes | memoryview] = []
 
     def send(self, code: int, frame_id: int, payload: bytes | memoryview = b"") -> None:
+        """Frames sent in one turn of the loop (a batch's results, requests that came
+        together) leave in one write."""
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out += (frames.header(len(payload), frame_id, code), payload)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
         if not self._writer.is_closing():
-            self._writer.writelines([frames.header(len(payload), frame_id, code), payload])
+            self._writer.writelines(out)
 
     async def frames(self) -> AsyncGenerator[tuple[int, int, bytes], None]:
         """(code, id, payload) until the other end closes."""
