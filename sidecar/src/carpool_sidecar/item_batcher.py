@@ -12,7 +12,7 @@ from carpool.engine.settings import BatchingSettings
 
 
 class ItemBatcher(Protocol):
-    """`carpool.engine.batcher.Batcher[Item, ItemResult]`, as the data plane and gRPC use it."""
+    """`carpool.engine.batcher.Batcher[Item, ItemResult]`, as the data plane uses it."""
 
     @property
     def settings(self) -> BatchingSettings: ...
@@ -22,8 +22,6 @@ class ItemBatcher(Protocol):
 
     @property
     def draining(self) -> bool: ...
-
-    def retry_after_s(self) -> int: ...
 
     async def submit(
         self,

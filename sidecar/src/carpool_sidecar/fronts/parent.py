@@ -53,6 +53,7 @@ async def serve(config: SidecarConfig) -> int:
         heap.freeze_startup()
         await signalled()
         sidecar.dataplane.stop_soon()  # the fronts hear of it with the next state
+        pool.stop()
         log.info(
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )

@@ -67,9 +67,12 @@ class FrontPool:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def stop(self) -> None:
+        """From now on a front that exits is not started again: the sidecar is stopping."""
+        self._stopping = True
+
     async def stopped(self, timeout_s: float) -> None:
         """Wait for the fronts to exit of themselves (after CLOSE), at most `timeout_s`."""
-        self._stopping = True
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=timeout_s)
 

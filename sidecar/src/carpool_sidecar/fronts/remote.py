@@ -58,9 +58,6 @@ class RemoteBatcher:
     def draining(self) -> bool:
         return self._draining
 
-    def retry_after_s(self) -> int:
-        return 1  # gRPC, which asks, is served by the batching process
-
     async def submit(
         self,
         items: Sequence[Item],
