@@ -40,7 +40,7 @@ async def serve(config: SidecarConfig) -> int:
             raise CannotListen(f"cannot listen on {address}: {error.strerror or error}") from error
         for sock in listeners:
             stack.callback(sock.close)
-        pool = FrontPool(config, hub, listeners)
+        pool = FrontPool(config, hub, listeners, sidecar.job_died)
         await stack.enter_async_context(pool.running())
         log.info(
             "sidecar for %r: %d front processes listening on %s",

@@ -8,11 +8,12 @@ import logging
 import pickle
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.fronts import link
 from carpool_sidecar.fronts.hub import Hub
+from carpool_sidecar.supervision import supervised
 
 log = logging.getLogger(__name__)
 
@@ -45,27 +46,29 @@ def listener(host: str, port: int) -> socket.socket:
 class FrontPool:
     """Runs one front per listening socket while the block of `running` lasts."""
 
-    def __init__(self, config: SidecarConfig, hub: Hub, listeners: list[socket.socket]) -> None:
+    def __init__(
+        self,
+        config: SidecarConfig,
+        hub: Hub,
+        listeners: list[socket.socket],
+        on_death: Callable[[str], None],
+    ) -> None:
+        """`on_death`: told when a front can no longer be started (the sidecar is broken)."""
         self._config = config
         self._hub = hub
         self._listeners = listeners
+        self._on_death = on_death
         self._stopping = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._none_running = asyncio.Event()
         self.pids: dict[int, int] = {}  # slot: pid of the front running there
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """On leaving, fronts still running are killed."""
-        tasks = self._tasks = [
-            asyncio.create_task(self._tend(slot)) for slot in range(len(self._listeners))
-        ]
-        try:
+        tending = {f"front-{slot}": self._tend(slot) for slot in range(len(self._listeners))}
+        async with supervised(tending, self._on_death):
             yield
-        finally:
-            self._stopping = True
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        self._stopping = True
 
     def stop(self) -> None:
         """From now on a front that exits is not started again: the sidecar is stopping."""
@@ -73,21 +76,24 @@ class FrontPool:
 
     async def stopped(self, timeout_s: float) -> None:
         """Wait for the fronts to exit of themselves (after CLOSE), at most `timeout_s`."""
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=timeout_s)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._none_running.wait()
 
     async def _tend(self, slot: int) -> None:
+        """Runs until cancelled: the front of `slot`, started again whenever it exits."""
         delay = RESTART_S
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
             code = await self._run(slot)
             if self._stopping:
-                return
+                break
             log.error("front process %d exited with %s; starting another", slot, code)
             delay = RESTART_S if loop.time() - started > LIVED_S else delay
             await asyncio.sleep(delay)
             delay = min(2 * delay, RESTART_MAX_S)
+        await asyncio.Future()  # parked until the pool's block ends
 
     async def _run(self, slot: int) -> int:
         """Start the front of `slot` and serve its link until it exits: its exit code."""
@@ -99,15 +105,25 @@ class FrontPool:
                 sys.executable, "-m", "carpool_sidecar.fronts.front", *map(str, fds), pass_fds=fds
             )
         self.pids[slot] = process.pid
-        channel = await link.connect(ours)
-        channel.send(link.CONFIG, 0, pickle.dumps(self._config))
-        serving = asyncio.create_task(self._hub.serve(channel))
+        self._none_running.clear()
+        log.info("front process %d started (pid %d)", slot, process.pid)
+        channel: link.Link | None = None
+        serving: asyncio.Task[None] | None = None
         try:
+            channel = await link.connect(ours)
+            channel.send(link.CONFIG, 0, pickle.dumps(self._config))
+            serving = asyncio.create_task(self._hub.serve(channel))
             return await process.wait()
         finally:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
             del self.pids[slot]
-            channel.close()
-            await asyncio.gather(serving, return_exceptions=True)
+            if not self.pids:
+                self._none_running.set()
+            if channel is None:
+                ours.close()
+            else:
+                channel.close()
+            if serving is not None:
+                await asyncio.gather(serving, return_exceptions=True)
