@@ -90,7 +90,7 @@ async def test_overload_refusals_and_bad_requests_come_from_every_front(tmp_path
 async def test_settings_file_reaches_every_front(tmp_path: Path) -> None:
     settings = tmp_path / "batching.json"
     settings.write_bytes(orjson.dumps({"maxQueueItems": 2}))
-    args = (*FRONTS, "--config-file", str(settings))
+    args = (*FRONTS, "--config-file", str(settings), "--latency-objective-ms", "60000")
     with run_pair(tmp_path, "toy", *args) as pair:
         sidecar = pair.sidecar
         three = [[1, 2, 3, 4]] * 3
@@ -106,6 +106,11 @@ async def test_settings_file_reaches_every_front(tmp_path: Path) -> None:
             for _ in range(4):
                 status, body = await infer(http, sidecar, three)
                 assert status == 200, body
+        # The pod's objective once, not once per process; its goodput counted by the fronts.
+        assert metric(sidecar, "carpool_latency_objective_seconds") == 60.0
+        answered = metric(sidecar, "carpool_requests_total", protocol="rest", code="200")
+        assert answered >= 5
+        assert metric(sidecar, "carpool_requests_within_objective_total") == answered
 
 
 async def _status(sidecar: Sidecar, rows: list[list[float]]) -> int:
