@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 RESTART_S = 0.25
 RESTART_MAX_S = 10.0
 LIVED_S = 30.0
+# How long a front may outlive its link: a front exits as soon as its link closes.
+LINK_GONE_S = 1.0
 
 
 def listener(host: str, port: int) -> socket.socket:
@@ -113,7 +115,14 @@ class FrontPool:
             channel = await link.connect(ours)
             channel.send(link.CONFIG, 0, pickle.dumps(self._config))
             serving = asyncio.create_task(self._hub.serve(channel))
-            return await process.wait()
+            exited = asyncio.create_task(process.wait())
+            await asyncio.wait((serving, exited), return_when=asyncio.FIRST_COMPLETED)
+            # The link ends as its front exits; one that ends first leaves the front useless.
+            await asyncio.wait((exited,), timeout=LINK_GONE_S)
+            if not exited.done():
+                log.error("front process %d lost its link; stopping it", slot)
+                exited.cancel()
+            return -1 if process.returncode is None else process.returncode
         finally:
             if process.returncode is None:
                 process.kill()
