@@ -13,6 +13,7 @@ import pickle
 import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgpack
 
@@ -51,8 +52,10 @@ class State:
     broken: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Submit:
+class Submit(NamedTuple):
+    """A request's items and what the engine's `submit` takes with them (a tuple: one is
+    built for every request, on both sides)."""
+
     items: Sequence[Item]
     key: BatchKey
     deadline: float
