@@ -2,6 +2,7 @@
 
     python bench/front.py                                  # this tree, uvloop and asyncio
     python bench/front.py --baseline /tmp/old-checkout     # ... and an older tree beside it
+    python bench/front.py --loops uvloop --fronts 1,2      # one front process against two
 
 Every variant is a `carpool serve --handler toy` (torch threads 1, batching defaults, REST
 and gRPC), all started at once and loaded one at a time. A round loads each variant over
@@ -16,15 +17,18 @@ ratios paired by round land in `--results` as summary.md and results.json.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import statistics
 import sys
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import click
 import orjson
+import psutil
 
 # Sibling modules of this script; bench/ is a folder of scripts, not a package.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,6 +52,9 @@ class Cell:
     requests_per_second: float
     sidecar_cpu_seconds: float
     requests_per_core_second: float
+    # Of the sidecar's CPU, that of the process that batches (with front processes: the one
+    # whose share bounds how far more fronts can take the sidecar).
+    batching_cpu_seconds: float
     p50_ms: float
     mean_items_per_batch: float | None
 
@@ -58,11 +65,14 @@ class Target:
     grpc_target: str
 
 
-def _variant(name: str, python: str, grpc_port: int, event_loop: str | None) -> servers.Variant:
+def _variant(
+    name: str, python: str, grpc_port: int, event_loop: str | None, fronts: int
+) -> servers.Variant:
     env = () if event_loop is None else ("env", f"{EVENT_LOOP_ENV}={event_loop}")
     command = (
         *env, python, "-m", "carpool", "serve", "--handler", "toy", "--model-name", "toy",
         "--device", "cpu", "--torch-threads", "1", "--grpc-port", str(grpc_port),
+        *(("--front-processes", str(fronts)) if fronts > 1 else ()),
     )  # fmt: skip
     return servers.Variant(name, command)
 
@@ -81,7 +91,7 @@ async def _cell(
         progress=False,
         grpc_target=target.grpc_target if protocol == "grpc" else None,
     )
-    before = target.server.cpu_seconds()["front"]
+    before, batching_before = target.server.cpu_seconds()["front"], _batching_cpu(target)
     [result] = await runner.run(settings, prepared)
     cpu = target.server.cpu_seconds()["front"] - before
     return Cell(
@@ -91,15 +101,31 @@ async def _cell(
         requests_per_second=result.throughput_rps,
         sidecar_cpu_seconds=cpu,
         requests_per_core_second=result.ok / cpu if cpu > 0 else 0.0,
+        batching_cpu_seconds=_batching_cpu(target) - batching_before,
         p50_ms=1000 * result.latency.p50,
         mean_items_per_batch=result.batching.mean_items_per_batch if result.batching else None,
     )
 
 
+def _batching_cpu(target: Target) -> float:
+    """CPU seconds so far of the `carpool sidecar` process (not of its front processes)."""
+    for process in psutil.Process(target.server.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "sidecar" in process.cmdline():
+                times = process.cpu_times()
+                return times.user + times.system
+    return 0.0
+
+
 async def _rounds(
-    targets: list[Target], rounds: int, clients: int, seconds: float, warmup: float
+    targets: list[Target],
+    protocols: list[workload.Protocol],
+    rounds: int,
+    clients: int,
+    seconds: float,
+    warmup: float,
 ) -> list[Cell]:
-    pairs = [(target, protocol) for target in targets for protocol in PROTOCOLS]
+    pairs = [(target, protocol) for target in targets for protocol in protocols]
     for target, protocol in pairs:
         await _cell(target, protocol, 0, clients, warmup)
     cells = []
@@ -134,31 +160,34 @@ def _paired(top: dict[int, float], bottom: dict[int, float]) -> str:
     return _median_range(ratios, 2) if ratios else "-"
 
 
-def summarise(cells: list[Cell], variants: list[str]) -> str:
+def summarise(cells: list[Cell], variants: list[str], protocols: list[workload.Protocol]) -> str:
     """Markdown: per variant and protocol the medians, then ratios paired by round."""
     lines = [
         "| variant | protocol | requests/s per sidecar CPU-second | requests/s | p50 ms "
-        "| items/batch |",
-        "|---|---|---|---|---|---|",
+        "| items/batch | batching process's share of sidecar CPU |",
+        "|---|---|---|---|---|---|---|",
     ]
     for variant in variants:
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             mine = [c for c in cells if c.variant == variant and c.protocol == protocol]
             batch = [c.mean_items_per_batch for c in mine if c.mean_items_per_batch]
+            share = [c.batching_cpu_seconds / c.sidecar_cpu_seconds for c in mine]
             lines.append(
                 f"| {variant} | {protocol} "
                 f"| {_median_range([c.requests_per_core_second for c in mine])} "
                 f"| {statistics.median(c.requests_per_second for c in mine):.0f} "
                 f"| {statistics.median(c.p50_ms for c in mine):.1f} "
-                f"| {statistics.median(batch) if batch else 0:.1f} |"
+                f"| {statistics.median(batch) if batch else 0:.1f} "
+                f"| {statistics.median(share):.2f} |"
             )
     lines += ["", "Per sidecar CPU-second, paired by round (median, range):", ""]
     for variant in variants:
         grpc, rest = _per_core(cells, variant, "grpc"), _per_core(cells, variant, "oip-binary")
-        lines.append(f"- {variant}: gRPC/REST binary {_paired(grpc, rest)}")
+        if grpc and rest:
+            lines.append(f"- {variant}: gRPC/REST binary {_paired(grpc, rest)}")
     first = variants[0]
     for variant in variants[1:]:
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             lines.append(
                 f"- {variant}/{first}, {protocol}: "
                 f"{_paired(_per_core(cells, variant, protocol), _per_core(cells, first, protocol))}"
@@ -182,6 +211,13 @@ def summarise(cells: list[Cell], variants: list[str]) -> str:
     show_default=True,
     help=f"This tree's variants: comma-separated {EVENT_LOOP_ENV} values.",
 )
+@click.option(
+    "--fronts",
+    default="1",
+    show_default=True,
+    help="comma-separated front process counts (`--front-processes`), a variant each",
+)
+@click.option("--protocols", default=",".join(PROTOCOLS), show_default=True, help="comma-separated")
 @click.option("--ready-timeout", type=float, default=120.0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=None)
 def main(
@@ -191,6 +227,8 @@ def main(
     warmup: float,
     baseline: Path | None,
     loops: str,
+    fronts: str,
+    protocols: str,
     ready_timeout: float,
     results: Path | None,
 ) -> None:
@@ -199,27 +237,37 @@ def main(
     results = results or servers.REPO_DIR / ".cache" / "bench" / f"front-{stamp}"
     results.mkdir(parents=True, exist_ok=True)
     here = processes.carpool_command()[0]
-    plan = [(loop, here, loop) for loop in loops.split(",") if loop]
+    counts = [int(count) for count in fronts.split(",")]
+    plan = [
+        (loop if count == 1 else f"{loop}-{count}fronts", here, loop, count)
+        for loop in loops.split(",")
+        if loop
+        for count in counts
+    ]
     if baseline is not None:
-        plan.insert(0, ("baseline", str(baseline.resolve() / ".venv" / "bin" / "python"), None))
+        python = str(baseline.resolve() / ".venv" / "bin" / "python")
+        plan.insert(0, ("baseline", python, None, 1))
+    chosen = [cast(workload.Protocol, name) for name in protocols.split(",") if name]
+    if unknown := set(chosen) - set(PROTOCOLS):
+        raise click.BadParameter(f"unknown {sorted(unknown)}; choose from {PROTOCOLS}")
     with ExitStack() as stack:
         targets = []
-        for name, python, event_loop in plan:
+        for name, python, event_loop, count in plan:
             grpc_port = processes.free_port()
-            variant = _variant(name, python, grpc_port, event_loop)
+            variant = _variant(name, python, grpc_port, event_loop, count)
             server = stack.enter_context(
                 servers.started(variant, results / f"{name}.log", ready_timeout)
             )
             targets.append(Target(server, f"127.0.0.1:{grpc_port}"))
-        cells = asyncio.run(_rounds(targets, rounds, concurrency, duration, warmup))
-    table = summarise(cells, [name for name, _, _ in plan])
+        cells = asyncio.run(_rounds(targets, chosen, rounds, concurrency, duration, warmup))
+    table = summarise(cells, [name for name, *_ in plan], chosen)
     (results / "summary.md").write_text(table + "\n")
     document = {
         "settings": {
             "rounds": rounds,
             "concurrency": concurrency,
             "duration_seconds": duration,
-            "variants": [name for name, _, _ in plan],
+            "variants": [name for name, *_ in plan],
             "torch_threads": 1,
         },
         "cells": [asdict(cell) for cell in cells],

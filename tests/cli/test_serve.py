@@ -37,10 +37,14 @@ def test_serve_demo_load_reports_batching() -> None:
     assert float(mean.group(1)) > 1, done.stdout
 
 
-def test_serve_stops_both_children_on_sigterm() -> None:
+@pytest.mark.parametrize("fronts", ["1", "2"])
+def test_serve_stops_both_children_on_sigterm(fronts: str) -> None:
     port = free_port()
     args = ["--handler", "toy", "--torch-threads", "1", "--port", str(port)]
     args += ["--grpc-port", str(free_port()), "--max-batch-size", "4"]
+    # With front processes the sidecar's own process holds their sockets: ready as before,
+    # and none is left listening after the stop.
+    args += ["--front-processes", fronts]
     with serving(*args, until="ready at") as process:
         url = f"http://127.0.0.1:{port}/v2/models/toy/infer"
         body = orjson.dumps(v2_body([[1, 1, 1, 1]]))

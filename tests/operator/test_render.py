@@ -206,6 +206,18 @@ def test_grpc_service_port_is_a_setting() -> None:
     assert flag(containers(manifests)["sidecar"]["command"], "--grpc-port") == "8081"
 
 
+def test_sidecar_front_processes_reach_its_command() -> None:
+    one = containers(render(SPECS["minimal"]))["sidecar"]["command"]
+    assert "--front-processes" not in one
+    fronts = model(sidecar={"frontProcesses": 3, "resources": {"cpu": "4"}})
+    causes = validate(apply_defaults(fronts, SCHEMA), SCHEMA)
+    assert causes == []
+    command = containers(render(fronts))["sidecar"]["command"]
+    assert flag(command, "--front-processes") == "3"
+    too_many = validate(apply_defaults(model(sidecar={"frontProcesses": 0}), SCHEMA), SCHEMA)
+    assert [cause.field for cause in too_many] == ["spec.sidecar.frontProcesses"]
+
+
 def test_grpc_can_be_turned_off() -> None:
     manifests = render(SPECS["gpu-tuned"])
     sidecar = containers(manifests)["sidecar"]

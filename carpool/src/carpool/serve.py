@@ -63,6 +63,13 @@ DRAIN_DELAY_S = 0.5
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--grpc-port", default=pod.GRPC_PORT, show_default=True, type=int, help="0: no gRPC")
+@click.option(
+    "--front-processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="sidecar processes that serve REST (>1: one more runs the batching)",
+)
 @knob_options(None)
 @click.option(
     "--config-file",
@@ -79,6 +86,7 @@ def command(
     host: str,
     port: int,
     grpc_port: int,
+    front_processes: int,
     config_file: str | None,
     demo_load: bool,
     demo_clients: int,
@@ -100,6 +108,7 @@ def command(
     model = ["model-server", "--handler", handler, "--model-name", name]
     sidecar = ["sidecar", "--model-name", name, "--host", host, "--port", str(port)]
     sidecar += ["--grpc-port", str(grpc_port), "--drain-delay-seconds", str(DRAIN_DELAY_S)]
+    sidecar += ["--front-processes", str(front_processes)]
     model += _flags(passed, MODEL_FLAGS)
     sidecar += knob_arguments(passed)
     if config_file is not None:

@@ -198,6 +198,9 @@ def _sidecar(spec: ModelSpec) -> Manifest:
         SidecarFlag.DRAIN_DELAY_SECONDS, str(spec.drain_delay_s),
         SidecarFlag.CONFIG_FILE, f"{CONFIG_DIR}/{CONFIG_FILE}",
     ]  # fmt: skip
+    if spec.sidecar_front_processes > 1:
+        # Only then: pods of models that leave it unset keep their command as it was.
+        command += [SidecarFlag.FRONT_PROCESSES, str(spec.sidecar_front_processes)]
     ports: list[Manifest] = [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}]
     if spec.grpc_enabled:
         ports.append({"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"})

@@ -93,6 +93,7 @@ class ModelSpec:
     sidecar_image: str = ""
     sidecar_cpu: str = "500m"
     sidecar_memory: str = "256Mi"
+    sidecar_front_processes: int = 1
     service_type: str = "ClusterIP"
     service_port: int = 80
     # The sidecar's gRPC front, and its port on the Service (the container's is GRPC_PORT).
@@ -244,6 +245,7 @@ def parse(body: Mapping[str, Any], *, defaults: Defaults) -> ModelSpec:
         sidecar_image=sidecar_image,
         sidecar_cpu=str(sidecar_resources.get("cpu", "500m")),
         sidecar_memory=str(sidecar_resources.get("memory", "256Mi")),
+        sidecar_front_processes=int(sidecar.get("frontProcesses", 1)),
         service_type=str(service.get("type", "ClusterIP")),
         service_port=int(service.get("port", 80)),
         grpc_enabled=bool(grpc.get("enabled", True)),

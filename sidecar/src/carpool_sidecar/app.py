@@ -19,7 +19,7 @@ from typing import cast
 
 import orjson
 from aiohttp import hdrs, web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from carpool.contract.metadata import TensorSpec
 from carpool.engine.errors import CLIENT_GONE, SidecarError
@@ -27,7 +27,7 @@ from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool_sidecar import operations as op
 from carpool_sidecar.answers import Held
-from carpool_sidecar.build import Sidecar, build_sidecar
+from carpool_sidecar.build import Front, build_sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.generation import GenerateRequest
@@ -37,7 +37,7 @@ from carpool_sidecar.supervision import supervised
 
 log = logging.getLogger(__name__)
 
-SIDECAR = web.AppKey("sidecar", Sidecar)
+SIDECAR = web.AppKey("sidecar", Front)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -285,10 +285,7 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    sidecar = request.app[SIDECAR]
-    for update in sidecar.before_scrape:
-        update()
-    body = generate_latest(sidecar.registry)
+    body = await request.app[SIDECAR].scrape()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -326,8 +323,7 @@ async def background(app: web.Application) -> AsyncIterator[None]:
     sidecar = app[SIDECAR]
     async with supervised(sidecar.jobs(), sidecar.job_died):
         yield
-    sidecar.converter.close()
-    await sidecar.client.close()
+    await sidecar.close()
 
 
 async def close_when_stopping(request: web.Request, response: web.StreamResponse) -> None:
@@ -341,9 +337,15 @@ async def close_when_stopping(request: web.Request, response: web.StreamResponse
 
 async def create_app(config: SidecarConfig, registry: CollectorRegistry) -> web.Application:
     """The sidecar app; its background tasks start and stop with it."""
+    return front_app(build_sidecar(config, registry))
+
+
+def front_app(front: Front) -> web.Application:
+    """The app that serves `front`'s routes and runs its background tasks."""
     # Bodies are read by `reading.read_body`, which enforces max_body_bytes itself.
-    app = web.Application(middlewares=[errors_and_metrics], client_max_size=config.max_body_bytes)
-    app[SIDECAR] = build_sidecar(config, registry)
+    max_body_bytes = front.config.max_body_bytes
+    app = web.Application(middlewares=[errors_and_metrics], client_max_size=max_body_bytes)
+    app[SIDECAR] = front
     app.cleanup_ctx.append(background)
     app.on_response_prepare.append(close_when_stopping)
     for method, path, handler, _, name in ROUTES:

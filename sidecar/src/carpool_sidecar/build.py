@@ -1,13 +1,18 @@
-"""Assembles one sidecar from its config: client, model state, forwarder, engine, data plane."""
+"""Assembles one sidecar from its config: client, model state, forwarder, engine, data plane.
+
+`Front` is what the HTTP routes use; a front process of a sidecar with several
+(`carpool_sidecar.fronts`) is one without an engine of its own.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.answers import AnswerBudget
@@ -22,19 +27,17 @@ from carpool_sidecar.reload import SettingsFile
 from carpool_sidecar.sending import AnswerSending
 from carpool_sidecar.streaming import GenerationMetrics, Streams
 
+log = logging.getLogger("carpool_sidecar")
+
 
 @dataclass(frozen=True, slots=True)
-class Sidecar:
-    """The object graph of one sidecar; the HTTP app serves `dataplane` and runs `jobs`."""
+class Front:
+    """What the HTTP routes serve from; the app runs its `jobs` while it serves."""
 
     config: SidecarConfig
     registry: CollectorRegistry
     metrics: SidecarMetrics
-    client: ModelClient
-    state: ModelState
-    batcher: ModelBatcher
     dataplane: DataPlane
-    settings_file: SettingsFile | None
     reading: ReadingBudget
     converter: Converter
     sending: AnswerSending
@@ -43,6 +46,33 @@ class Sidecar:
 
     def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         """The background tasks, by name; each runs until cancelled."""
+        return {}
+
+    def job_died(self, name: str) -> None:
+        """A job that ends early leaves the sidecar unable to serve: not live, not ready."""
+        self.dataplane.mark_broken(f"its {name} task ended; see the sidecar log")
+
+    async def scrape(self) -> bytes:
+        """The Prometheus text of /metrics."""
+        for update in self.before_scrape:
+            update()
+        return generate_latest(self.registry)
+
+    async def close(self) -> None:
+        """After the jobs have ended."""
+        self.converter.close()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sidecar(Front):
+    """The object graph of one sidecar that batches: its engine and its model client."""
+
+    client: ModelClient
+    state: ModelState
+    batcher: ModelBatcher
+    settings_file: SettingsFile | None
+
+    def jobs(self) -> dict[str, Coroutine[Any, Any, None]]:
         jobs = {
             "model-state": self.state.poll(
                 self.client, lambda metadata: self.batcher.limit_batch_size(metadata.max_batch_size)
@@ -53,9 +83,18 @@ class Sidecar:
             jobs["settings-file"] = self.settings_file.watch()
         return jobs
 
-    def job_died(self, name: str) -> None:
-        """A job that ends early leaves the sidecar unable to serve: not live, not ready."""
-        self.dataplane.mark_broken(f"its {name} task ended; see the sidecar log")
+    async def close(self) -> None:
+        self.converter.close()
+        await self.client.close()
+
+    async def drain(self, grace_s: float) -> None:
+        """Send everything queued; what is left after `grace_s` is answered 503."""
+        batcher = self.batcher
+        log.info("draining %d queued items (grace %.1f s)", batcher.queued_items, grace_s)
+        if not await batcher.drain(grace_s):
+            log.warning("drain grace over with %d items queued", batcher.queued_items)
+            # Every caller still waiting gets 503 before the connections close.
+            await batcher.abort()
 
 
 def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar:
@@ -75,6 +114,7 @@ def build_sidecar(config: SidecarConfig, registry: CollectorRegistry) -> Sidecar
     dataplane = DataPlane(config.model_name, batcher, state, answers, streams)
     reading = ReadingBudget(config.max_reading_bytes)
     return Sidecar(
-        config, registry, metrics, client, state, batcher, dataplane, settings_file, reading,
-        Converter(reading), AnswerSending(config.body_timeout_s),
+        config=config, registry=registry, metrics=metrics, dataplane=dataplane, reading=reading,
+        converter=Converter(reading), sending=AnswerSending(config.body_timeout_s),
+        client=client, state=state, batcher=batcher, settings_file=settings_file,
     )  # fmt: skip

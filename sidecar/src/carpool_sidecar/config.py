@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from carpool.contract.pod import DRAIN_DELAY_SECONDS, DRAIN_SECONDS, GRPC_PORT, SIDECAR_PORT
 from carpool.engine.settings import BatchingSettings, ConfigError
 
+# More fronts than this would starve the one process that batches for them all.
+MAX_FRONT_PROCESSES = 64
+
 
 def _at_least(key: str, value: float, low: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < low:
@@ -43,6 +46,9 @@ class SidecarConfig:
     # gRPC front (sidecar/grpc): port 0 turns it off; message limit None: max_body_bytes.
     grpc_port: int = GRPC_PORT
     grpc_max_message_bytes: int | None = None
+    # Processes that serve REST, beside one that batches (carpool_sidecar.fronts); 1: one
+    # process does both.
+    front_processes: int = 1
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -60,6 +66,14 @@ class SidecarConfig:
         _at_least("drain-seconds", self.drain_seconds, 0)
         _at_least("drain-delay-seconds", self.drain_delay_seconds, 0)
         _at_least("grpc-port", self.grpc_port, 0)
+        _at_least("front-processes", self.front_processes, 1)
+        if self.front_processes > MAX_FRONT_PROCESSES:
+            raise ConfigError(
+                f"front-processes: must be at most {MAX_FRONT_PROCESSES}, "
+                f"got {self.front_processes}"
+            )
+        if self.front_processes > 1 and self.port == 0:
+            raise ConfigError("port: front processes share one port; 0 (any free one) won't do")
         if self.grpc_max_message_bytes is not None:
             _at_least("grpc-max-message-bytes", self.grpc_max_message_bytes, 1)
 

@@ -30,10 +30,10 @@ from carpool.engine.errors import (
 from carpool.engine.pending import BatchKey
 from carpool_sidecar import generation
 from carpool_sidecar.answers import AnswerBudget, output_bytes
-from carpool_sidecar.forwarder import ModelBatcher
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
+from carpool_sidecar.item_batcher import ItemBatcher
 from carpool_sidecar.streaming import Piece, Streams
 from carpool_sidecar.tensors import RequestTensor, element_count, split, stack
 
@@ -51,7 +51,7 @@ class DataPlane:
     def __init__(
         self,
         model_name: str,
-        batcher: ModelBatcher,
+        batcher: ItemBatcher,
         state: ModelState,
         answers: AnswerBudget,
         streams: Streams | None = None,

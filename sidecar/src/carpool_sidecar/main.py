@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -18,17 +17,17 @@ from carpool import event_loop, heap
 from carpool.contract.pod import MODEL_SERVER_URL
 from carpool.engine.settings import BatchingSettings, ConfigError
 from carpool.knob_flags import knob_options, knob_values
-from carpool_sidecar.app import SIDECAR, create_app
+from carpool_sidecar.app import front_app
+from carpool_sidecar.build import build_sidecar
 from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.fronts import parent
 from carpool_sidecar.grpc import server as grpc_server
+from carpool_sidecar.runner import CannotListen, app_runner, listening, signalled
 
 log = logging.getLogger("carpool_sidecar")
-# After the drain every accepted request has its answer; this only bounds writing them out.
-SHUTDOWN_TIMEOUT_S = 5.0
 DEFAULTS = BatchingSettings()
 CONFIG = SidecarConfig(model_name="-", model_server=MODEL_SERVER_URL)
 F = TypeVar("F", bound=Callable[..., None])
-T = TypeVar("T")
 
 
 def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[F], F]:
@@ -55,6 +54,12 @@ def _option(flag: str, kind: Any, default: object, help_text: str) -> Callable[[
 @_option("drain-delay-seconds", float, CONFIG.drain_delay_seconds, "not ready, still serving")
 @_option("grpc-port", int, CONFIG.grpc_port, "gRPC (Open Inference Protocol) listen port, 0: off")
 @_option("grpc-max-message-bytes", int, None, "largest gRPC message [default: max-body-bytes]")
+@_option(
+    "front-processes",
+    int,
+    CONFIG.front_processes,
+    "processes that serve REST, >1: one more batches",
+)
 def command(
     model_name: str | None,
     model_server: str,
@@ -70,6 +75,7 @@ def command(
     drain_delay_seconds: float,
     grpc_port: int,
     grpc_max_message_bytes: int | None,
+    front_processes: int,
     **knobs: Any,
 ) -> None:
     """Batch inference requests for a co-located model server."""
@@ -93,6 +99,7 @@ def command(
             batching=batching,
             grpc_port=grpc_port,
             grpc_max_message_bytes=grpc_max_message_bytes,
+            front_processes=front_processes,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
@@ -103,51 +110,29 @@ def command(
         raise click.ClickException(str(error)) from error
 
 
-class CannotListen(Exception):
-    """A port the sidecar was given is taken or not allowed: it cannot start."""
-
-
-async def _listening(opening: Awaitable[T], address: str) -> T:
-    try:
-        return await opening
-    except OSError as error:
-        raise CannotListen(f"cannot listen on {address}: {error.strerror or error}") from error
-
-
 async def serve(config: SidecarConfig) -> int:
     """Serve until SIGTERM/SIGINT; then not ready but serving for the drain delay, then
     closed to new connections and drained: nothing sent before the port closed is lost."""
-    app = await create_app(config, CollectorRegistry())
-    runner = web.AppRunner(
-        app,
-        handler_cancellation=True,
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-        # After an early answer (413, 408) the rest of a body is read and dropped for this
-        # long before the connection closes, so a client still sending sees the answer, not
-        # a reset; a stalled body holds its connection no longer than its timeout.
-        lingering_time=config.body_timeout_s,
-    )
+    if config.front_processes > 1:
+        return await parent.serve(config)
+    sidecar = build_sidecar(config, CollectorRegistry())
+    app = front_app(sidecar)
+    runner = app_runner(app, config)
     await runner.setup()
-    sidecar = app[SIDECAR]
     # Unwound in reverse: gRPC stops once the drain has answered its calls, then the runner
     # closes idle keep-alive connections and waits for the answers still being written. On a
     # failed start too, so the app's background tasks end before the loop does.
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, config.host, config.port)
-        await _listening(site.start(), f"{config.host}:{config.port}")
+        await listening(site.start(), f"{config.host}:{config.port}")
         log.info("sidecar for %r listening on %s", config.model_name, site.name)
         # gRPC: beside REST over the same data plane.
         grpc_address = f"{config.host}:{config.grpc_port} (gRPC)"
         serving = grpc_server.serving(config, sidecar)
-        await _listening(stack.enter_async_context(serving), grpc_address)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+        await listening(stack.enter_async_context(serving), grpc_address)
         heap.freeze_startup()
-        await stop.wait()
+        await signalled()
         # Not ready at once, but serving on: endpoints and load balancers take a while to stop
         # sending, and a request that finds the port closed is lost.
         sidecar.dataplane.stop_soon()
@@ -155,18 +140,12 @@ async def serve(config: SidecarConfig) -> int:
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )
         await asyncio.sleep(config.drain_delay_seconds)
+        loop = asyncio.get_running_loop()
         drained_by = loop.time() + config.drain_seconds
         sidecar.sending.drained_by = drained_by
         # Open connections stay; each answers with Connection: close from the SIGTERM on.
         await site.stop()
-        batcher = sidecar.batcher
-        log.info(
-            "draining %d queued items (grace %.1f s)", batcher.queued_items, config.drain_seconds
-        )
-        if not await batcher.drain(config.drain_seconds):
-            log.warning("drain grace over with %d items queued", batcher.queued_items)
-            # Every caller still waiting gets 503 before the connections close.
-            await batcher.abort()
+        await sidecar.drain(config.drain_seconds)
         # Answers still unread by the end of the grace are cut: the exit keeps its promise.
         await sidecar.sending.finish(max(0.0, drained_by - loop.time()))
     log.info("sidecar stopped")

@@ -18,6 +18,15 @@ from carpool.engine.errors import BodyTimeout
 # What one write hands the socket: small enough that a reader who stops holds little in
 # the transport's buffer, large enough to be cheap.
 CHUNK_BYTES = 256 * 1024
+# Answers up to this size, into a transport holding at most as much unsent, are written
+# without a timer per write.
+SMALL_BYTES = 16 * 1024
+
+
+class _Answer(web.StreamResponse):
+    # Headers leave with the body's first write, as aiohttp's own Response sends them, not
+    # in a send of their own: a small answer is one send, not two.
+    _send_headers_immediately = False
 
 
 class AnswerSending:
@@ -35,14 +44,24 @@ class AnswerSending:
         """Send a body given in parts (a JSON header, then binary outputs) without joining
         them; returns once its last byte has gone to the socket."""
         transport = request.transport
-        response = web.StreamResponse(headers=headers)
-        response.content_length = sum(len(part) for part in parts)
+        response = _Answer(headers=headers)
+        response.content_length = length = sum(len(part) for part in parts)
+        if len(parts) > 1 and length <= CHUNK_BYTES:
+            parts = [b"".join(parts)]
         if transport is None:  # the caller already left
             return response
         self._writing.add(transport)
         self._done.clear()
         try:
             await response.prepare(request)
+            if length <= SMALL_BYTES and transport.get_write_buffer_size() <= SMALL_BYTES:
+                # Into a buffer this empty, an answer this small leaves the transport under
+                # its high-water mark (64 KiB in asyncio and uvloop): no write waits for
+                # the reader, so none needs a timer.
+                for part in parts:
+                    await response.write(part)
+                await response.write_eof()
+                return response
             sent = 0
             for part in parts:
                 view = memoryview(part).cast("B")

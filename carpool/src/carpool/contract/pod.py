@@ -62,6 +62,7 @@ class SidecarFlag:
     DRAIN_DELAY_SECONDS: Final = "--drain-delay-seconds"
     CONFIG_FILE: Final = "--config-file"
     GRPC_PORT: Final = "--grpc-port"
+    FRONT_PROCESSES: Final = "--front-processes"
 
 
 # How the model server's termination message starts when its model failed to load; the

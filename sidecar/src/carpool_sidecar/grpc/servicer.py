@@ -62,6 +62,7 @@ class InferenceServicer:
 
     def __init__(self, sidecar: Sidecar) -> None:
         self._dataplane = sidecar.dataplane
+        self._batcher = sidecar.batcher
         self._metrics = sidecar.metrics
         self._converter = sidecar.converter
         self._calls = 0  # ModelInfer calls in flight
@@ -145,13 +146,13 @@ class InferenceServicer:
         """QueueFull, with Retry-After, once as many calls are in flight as the sidecar holds
         items at most, queued or at the model: each call holds one at least, so one more
         could not be served. A flood is refused here, before its messages are decoded."""
-        settings = self._dataplane.batcher.settings
+        settings = self._batcher.settings
         limit = settings.max_queue_items + settings.max_inflight_batches * settings.max_batch_size
         if self._calls >= limit:
             raise QueueFull(
                 f"queue full: {self._calls} gRPC calls in flight, as many as the sidecar can "
                 f"hold items (maxQueueItems + maxInflightBatches x maxBatchSize: {limit})",
-                self._dataplane.batcher.retry_after_s(),
+                self._batcher.retry_after_s(),
             )
 
     async def _infer(

@@ -1,0 +1,177 @@
+"""`--front-processes 2`: two front processes serve REST for one engine (real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import aiohttp
+import orjson
+import psutil
+from support.model_server import SUPPORT_DIR
+from support.sidecar import Sidecar, get, infer, metric, run_pair, v2_body, wait_for
+
+FRONTS = ("--front-processes", "2")
+SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.3"}
+
+
+def fronts(sidecar: Sidecar) -> list[psutil.Process]:
+    return psutil.Process(sidecar.process.pid).children()
+
+
+def connections(front: psutil.Process) -> int:
+    """The front's established TCP connections (the clients it serves)."""
+    return sum(1 for c in front.connections("tcp") if c.status == psutil.CONN_ESTABLISHED)
+
+
+async def v1_predict(http: aiohttp.ClientSession, sidecar: Sidecar, row: list[float]) -> object:
+    url = f"{sidecar.url}/v1/models/{sidecar.model}:predict"
+    async with http.post(url, json={"instances": [row]}) as reply:
+        assert reply.status == 200, await reply.text()
+        return (await reply.json())["predictions"]
+
+
+async def test_many_clients_are_answered_and_batched_across_fronts(tmp_path: Path) -> None:
+    # Fixed dispatch waits for a full batch of 16, more than either front holds clients.
+    args = (*FRONTS, "--max-batch-size", "16", "--dispatch", "fixed", "--max-wait-ms", "5000")
+    with run_pair(tmp_path, "toy", *args) as pair:
+        sidecar = pair.sidecar
+        assert len(fronts(sidecar)) == 2
+        sessions = [aiohttp.ClientSession() for _ in range(16)]
+        try:
+            calls = [infer(http, sidecar, [[n, n, n, n]]) for n, http in enumerate(sessions)]
+            results = await asyncio.gather(*calls)
+            for n, (status, body) in enumerate(results):
+                assert status == 200, body
+                assert body["outputs"][0]["data"] == [2 * n + 1] * 4
+            held = [connections(front) for front in fronts(sidecar)]
+            # The kernel spread the 16 connections over both fronts, each holding fewer
+            # clients than the batch had.
+            assert sorted(held)[0] >= 1 and sum(held) == 16, held
+            assert metric(sidecar, "carpool_batches_total", reason="full") == 1
+            assert metric(sidecar, "carpool_batch_size_sum") == 16
+            # KServe v1 takes the same way.
+            v1 = [v1_predict(http, sidecar, [n, 0, 0, 0]) for n, http in enumerate(sessions)]
+            assert await asyncio.gather(*v1) == [[[2 * n + 1, 1, 1, 1]] for n in range(16)]
+        finally:
+            for http in sessions:
+                await http.close()
+        # Every request counts once in one scrape, whichever front served it or the scrape.
+        for _ in range(4):
+            assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 32
+        assert metric(sidecar, "carpool_request_duration_seconds_count", protocol="rest") == 32
+        assert metric(sidecar, "carpool_batches_total", reason="full") == 2
+
+
+async def test_overload_refusals_and_bad_requests_come_from_every_front(tmp_path: Path) -> None:
+    args = (*FRONTS, "--max-batch-size", "1", "--max-inflight-batches", "1")
+    args += ("--max-queue-items", "2")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=SLOW) as pair:
+        sidecar = pair.sidecar
+        sessions = [aiohttp.ClientSession() for _ in range(8)]
+        try:
+            calls = [infer(http, sidecar, [[1, 2, 3, 4]]) for http in sessions]
+            statuses = sorted(status for status, _ in await asyncio.gather(*calls))
+            bad = await infer(sessions[0], sidecar, [[1, 2, 3]])
+        finally:
+            for http in sessions:
+                await http.close()
+        # Two queued, one of them perhaps at the model already (more if some came after others
+        # were answered); the rest refused at once: the one engine's queue was full.
+        refused = statuses.count(429)
+        assert statuses.count(200) >= 2 and refused >= 1, statuses
+        assert statuses == [200] * (8 - refused) + [429] * refused, statuses
+        assert bad[0] == 400 and "shape" in bad[1]["error"], bad
+        assert metric(sidecar, "carpool_rejected_total", reason="queue_full") == refused
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="429") == refused
+
+
+async def test_settings_file_reaches_every_front(tmp_path: Path) -> None:
+    settings = tmp_path / "batching.json"
+    settings.write_bytes(orjson.dumps({"maxQueueItems": 2}))
+    args = (*FRONTS, "--config-file", str(settings), "--latency-objective-ms", "60000")
+    with run_pair(tmp_path, "toy", *args) as pair:
+        sidecar = pair.sidecar
+        three = [[1, 2, 3, 4]] * 3
+        async with aiohttp.ClientSession() as http:
+            # Each front checks a request's size against maxQueueItems before it is sent.
+            for _ in range(4):
+                status, body = await infer(http, sidecar, three)
+                assert status == 413, body
+            settings.write_bytes(orjson.dumps({"maxQueueItems": 8}))
+            await asyncio.to_thread(
+                wait_for, lambda: asyncio.run(_status(sidecar, three)) == 200, 10.0
+            )
+            for _ in range(4):
+                status, body = await infer(http, sidecar, three)
+                assert status == 200, body
+        # The pod's objective once, not once per process; its goodput counted by the fronts.
+        assert metric(sidecar, "carpool_latency_objective_seconds") == 60.0
+        answered = metric(sidecar, "carpool_requests_total", protocol="rest", code="200")
+        assert answered >= 5
+        assert metric(sidecar, "carpool_requests_within_objective_total") == answered
+
+
+async def _status(sidecar: Sidecar, rows: list[list[float]]) -> int:
+    async with aiohttp.ClientSession() as http:
+        return (await infer(http, sidecar, rows))[0]
+
+
+async def test_sigterm_drains_every_front_with_nothing_lost(tmp_path: Path) -> None:
+    args = (*FRONTS, "--max-batch-size", "2", "--max-inflight-batches", "1")
+    args += ("--drain-seconds", "20", "--drain-delay-seconds", "0.5")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=SLOW) as pair:
+        sidecar = pair.sidecar
+        children = fronts(sidecar)
+        sessions = [aiohttp.ClientSession() for _ in range(10)]
+        try:
+            calls = [
+                asyncio.create_task(infer(http, sidecar, [[n, n, n, n]]))
+                for n, http in enumerate(sessions)
+            ]
+            await asyncio.to_thread(wait_for, lambda: metric(sidecar, "carpool_queue_items") >= 6)
+            sidecar.process.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(wait_for, lambda: get(sidecar, "/v2/health/ready")[0] == 503)
+            # Not ready, but still serving through the drain delay, closing each connection.
+            url = f"{sidecar.url}/v2/models/toy/infer"
+            async with sessions[0].post(url, json=v2_body([[1, 1, 1, 1]])) as reply:
+                assert reply.status == 200
+                assert reply.headers["Connection"] == "close"
+            results = await asyncio.gather(*calls)
+        finally:
+            for http in sessions:
+                await http.close()
+        for n, (status, body) in enumerate(results):
+            assert status == 200, body
+            assert body["outputs"][0]["data"] == [2 * n + 1] * 4
+        assert sidecar.process.wait(15) == 0, sidecar.log()
+        assert not any(child.is_running() for child in children)
+
+
+async def test_a_killed_front_is_replaced_and_fronts_die_with_the_sidecar(
+    tmp_path: Path,
+) -> None:
+    with run_pair(tmp_path, "toy", *FRONTS) as pair:
+        sidecar = pair.sidecar
+        victim, _ = fronts(sidecar)
+        victim.kill()
+        await asyncio.to_thread(
+            wait_for, lambda: len(fronts(sidecar)) == 2 and victim not in fronts(sidecar)
+        )
+        # New connections land on both sockets, the replaced front's too: all answered.
+        for _ in range(3):
+            sessions = [aiohttp.ClientSession() for _ in range(8)]
+            try:
+                results = await asyncio.gather(
+                    *(infer(http, sidecar, [[1, 2, 3, 4]]) for http in sessions)
+                )
+            finally:
+                for http in sessions:
+                    await http.close()
+            assert [status for status, _ in results] == [200] * 8
+        assert "starting another" in sidecar.log()
+        children = fronts(sidecar)
+        sidecar.process.kill()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, alive
