@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -407,3 +407,27 @@ async def test_a_bug_in_sending_is_500_without_its_details() -> None:
         with pytest.raises(SidecarError) as failed:
             await h.request(1.0)
         assert failed.value.status == 500 and "secret" not in failed.value.message
+
+
+async def turns_until(condition: Callable[[], bool]) -> int:
+    """Turns of the event loop until `condition` holds (at most 10)."""
+    for turn in range(10):
+        if condition():
+            return turn
+        await asyncio.sleep(0)
+    raise AssertionError("not within 10 turns of the loop")
+
+
+async def test_a_queued_request_leaves_on_the_next_turn_after_the_model_frees() -> None:
+    async with Harness(max_wait_ms=10_000, max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        first = h.request(1.0)
+        await h.model.started.wait()
+        second = h.request(2.0)
+        await settle()
+        h.model.gate.set()
+        # The answer wakes the batch's task, which sends the next batch before it ends rather
+        # than waking the dispatcher: on a busy sidecar every turn of the loop waits behind
+        # whatever else is ready.
+        assert await turns_until(lambda: len(h.model.batches) == 2) <= 2
+        await asyncio.gather(first, second)

@@ -1,8 +1,9 @@
 """The batching engine: pure asyncio, no HTTP, no model-server client.
 
-Callers `submit` their items and await one future. A single dispatcher task (`run`) forms
-batches from compatible queued items (`batch_queue`, `scheduling`) and hands each to the
-sender in its own task, at most `max_inflight_batches` at a time; `execution` fans the
+Callers `submit` their items and await one future. A dispatcher task (`run`) forms batches
+from compatible queued items (`batch_queue`, `scheduling`), and so does a batch's task as
+its answer frees the model, and hands each to the sender in its own task, at most
+`max_inflight_batches` at a time; `execution` fans the
 answers, or one error, back out to the callers. The window of a forming batch opens at its
 first item. Its clock is `time.monotonic`: uvloop's `loop.time()` counts whole milliseconds,
 and a fast device's batch takes two or three.
@@ -65,6 +66,8 @@ class Batcher(Generic[ItemT, ResultT]):
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
         self._inflight = 0
+        # When the dispatcher looks again unwoken (None: only when woken).
+        self._due: float | None = None
         self._seq = 0
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -157,6 +160,8 @@ class Batcher(Generic[ItemT, ResultT]):
             self._objective.displace(self._limits, request, now)
         self._arrivals.arrived(count, now)
         self._idle.clear()
+        # Not sent from here: requests that arrive in one turn of the loop (a burst) share
+        # the batch the dispatcher forms once they are all queued.
         self._wake.set()
         try:
             async with asyncio.timeout_at(deadline):
@@ -175,29 +180,35 @@ class Batcher(Generic[ItemT, ResultT]):
         try:
             while True:
                 self._wake.clear()
-                now = time.monotonic()
-                limits = self._objective.limits(self._limits)
-                decision = decide(
-                    self._queue.groups(),
-                    limits,
-                    self._inflight,
-                    self._draining,
-                    now,
-                    functools.partial(self._outlook, now=now),
-                )
-                if isinstance(decision, tuple):
-                    group, reason = decision
-                    parts = self._queue.take(group, limits.capacity(group.key), now)
-                    if parts:
-                        self._launch(parts, reason, group.key)
-                    continue
-                # Nothing to send now: off the way of a batch that leaves.
-                self._drain_gauge(limits, now)
+                self._due = self._dispatch()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(decision):
+                    async with asyncio.timeout_at(self._due):
                         await self._wake.wait()
         finally:
+            self._due = None
             await self.abort()
+
+    def _dispatch(self) -> float | None:
+        """Send every batch that should leave now; when to look again (None: on an event)."""
+        while True:
+            now = time.monotonic()
+            limits = self._objective.limits(self._limits)
+            decision = decide(
+                self._queue.groups(),
+                limits,
+                self._inflight,
+                self._draining,
+                now,
+                functools.partial(self._outlook, now=now),
+            )
+            if not isinstance(decision, tuple):
+                # Nothing to send now: off the way of a batch that leaves.
+                self._drain_gauge(limits, now)
+                return decision
+            group, reason = decision
+            parts = self._queue.take(group, limits.capacity(group.key), now)
+            if parts:
+                self._launch(parts, reason, group.key)
 
     async def abort(self) -> None:
         """Refuse new requests and answer every waiting caller, queued or in a batch, 503."""
@@ -245,6 +256,14 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
             self._drain_set_at = now
 
+    def _poke(self) -> None:
+        """Send what may leave now from here rather than by waking the dispatcher, which
+        would start it a turn of the loop later; wake it only to look again sooner than it
+        will."""
+        due = self._dispatch()
+        if due is not None and (self._due is None or due < self._due):
+            self._wake.set()
+
     def _changed(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:
             self._idle.set()
@@ -286,4 +305,6 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)
-            self._changed()
+            if self._queue.items == 0 and self._inflight == 0:
+                self._idle.set()
+            self._poke()
