@@ -431,3 +431,38 @@ async def test_a_queued_request_leaves_on_the_next_turn_after_the_model_frees() 
         # whatever else is ready.
         assert await turns_until(lambda: len(h.model.batches) == 2) <= 2
         await asyncio.gather(first, second)
+
+
+async def test_a_batch_is_written_before_the_dispatcher_forms_the_next() -> None:
+    """Two full batches at once: the first goes to the model before the second is formed,
+    rather than after it."""
+    async with Harness(max_batch_size=2, max_inflight_batches=2, max_wait_ms=10_000) as h:
+        sent_before: list[float] = []
+        send = h.model.send
+
+        async def counting(
+            items: Sequence[Item], timeout_s: float
+        ) -> tuple[list[ItemResult], None]:
+            sent_before.append(h.batches("full"))
+            return await send(items, timeout_s)
+
+        h.model.send = counting  # type: ignore[method-assign]
+        await asyncio.gather(*(h.request(float(v)) for v in range(4)))
+        assert sent_before == [1.0, 2.0]
+
+
+async def test_a_lone_caller_is_answered_before_its_batch_is_learned() -> None:
+    """With no one queued for the model, the batch's time is learned after its callers'
+    answers are on their way, not before: at one caller, off every request's path."""
+    async with Harness(max_wait_ms=10_000) as h:
+        deadline = asyncio.get_running_loop().time() + 5
+        result = await h.batcher.submit(items(1.0), KEY, deadline)
+        learned = h.registry.get_sample_value(
+            "carpool_model_duration_seconds_count", {"model": "m"}
+        )
+        assert answers(result) == [1.0] and not learned
+        await settle()
+        learned = h.registry.get_sample_value(
+            "carpool_model_duration_seconds_count", {"model": "m"}
+        )
+        assert learned == 1

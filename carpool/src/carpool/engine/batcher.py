@@ -38,6 +38,9 @@ from carpool.engine.timeline import ModelTimeline
 # How stale carpool_queue_drain_seconds may be while work is queued or running: scrapes come
 # seconds apart, and a dispatcher's loop turns thousands of times a second.
 DRAIN_GAUGE_S = 0.05
+# When the dispatcher looks again after it sent a batch: at once, but after a turn of the
+# loop in which the batch's task writes it.
+AT_ONCE = -math.inf
 
 
 class Batcher(Generic[ItemT, ResultT]):
@@ -181,6 +184,10 @@ class Batcher(Generic[ItemT, ResultT]):
             while True:
                 self._wake.clear()
                 self._due = self._dispatch()
+                if self._due == AT_ONCE:
+                    # The batch just launched is written to the model server first.
+                    await asyncio.sleep(0)
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(self._due):
                         await self._wake.wait()
@@ -189,7 +196,8 @@ class Batcher(Generic[ItemT, ResultT]):
             await self.abort()
 
     def _dispatch(self) -> float | None:
-        """Send every batch that should leave now; when to look again (None: on an event)."""
+        """Send a batch if one should leave now (then look again AT_ONCE, once its task has
+        written it), else when to look again (None: on an event)."""
         while True:
             now = time.monotonic()
             limits = self._objective.limits(self._limits)
@@ -209,6 +217,7 @@ class Batcher(Generic[ItemT, ResultT]):
             parts = self._queue.take(group, limits.capacity(group.key), now)
             if parts:
                 self._launch(parts, reason, group.key)
+                return AT_ONCE
 
     async def abort(self) -> None:
         """Refuse new requests and answer every waiting caller, queued or in a batch, 503."""
@@ -262,6 +271,7 @@ class Batcher(Generic[ItemT, ResultT]):
         will."""
         due = self._dispatch()
         if due is not None and (self._due is None or due < self._due):
+            # (AT_ONCE: it looks for more once the batch sent here is written.)
             self._wake.set()
 
     def _changed(self) -> None:
@@ -295,6 +305,10 @@ class Batcher(Generic[ItemT, ResultT]):
                 self._throughput.record(started, finished, len(items))
                 done = sum(part.stop == len(part.request.items) for part in parts)
                 self._arrivals.answered(done, finished)
+                if not self._queue.items:
+                    # No one waits for the model: the callers' answers go out before what
+                    # follows is learned (at one caller, every batch).
+                    await asyncio.sleep(0)
         finally:
             finished = time.monotonic()
             timing = answer[1] if answer is not None else None
