@@ -44,12 +44,7 @@ def _limit(settings: servers.ModelSettings, text_length: workload.TextLength) ->
         env=processes.environment(servers.OFFLINE),
         check=True,
     )
-    rows = {}
-    for line in done.stdout.splitlines():
-        fields = line.split()
-        if len(fields) == 3 and fields[0].isdigit():
-            rows[int(fields[0])] = float(fields[2])
-    return rows
+    return servers.limit_rates(done.stdout)
 
 
 async def _cells(
