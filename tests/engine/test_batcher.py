@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -466,3 +467,16 @@ async def test_a_lone_caller_is_answered_before_its_batch_is_learned() -> None:
             "carpool_model_duration_seconds_count", {"model": "m"}
         )
         assert learned == 1
+
+
+@pytest.mark.serial
+async def test_the_model_time_learned_leaves_out_the_callers_turn() -> None:
+    """The callers answered first may hold the loop a while (writing their answers); the
+    batch's time at the model does not grow by it."""
+    async with Harness(max_wait_ms=10_000) as h:
+        deadline = asyncio.get_running_loop().time() + 5
+        await h.batcher.submit(items(1.0), KEY, deadline)
+        time.sleep(0.05)  # noqa: ASYNC251 - the caller holds the loop in its turn
+        await settle()
+        took = h.registry.get_sample_value("carpool_model_duration_seconds_sum", {"model": "m"})
+        assert took is not None and took < 0.04

@@ -297,20 +297,23 @@ class Batcher(Generic[ItemT, ResultT]):
         # clock, the batch gives up no earlier than its last caller, who hears 504, not 503.
         timeout_s = max(part.request.deadline for part in parts) - self._loop.time()
         answer = None
+        finished = None
         try:
             answer = await execution.execute(self._sender, parts, items, timeout_s)
+            finished = time.monotonic()
             if answer is not None:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
-                finished = time.monotonic()
                 self._throughput.record(started, finished, len(items))
                 done = sum(part.stop == len(part.request.items) for part in parts)
                 self._arrivals.answered(done, finished)
                 if not self._queue.items:
                     # No one waits for the model: the callers' answers go out before what
-                    # follows is learned (at one caller, every batch).
+                    # follows is learned (at one caller, every batch), which is timed
+                    # without the callers' turn.
                     await asyncio.sleep(0)
         finally:
-            finished = time.monotonic()
+            if finished is None:  # cancelled
+                finished = time.monotonic()
             timing = answer[1] if answer is not None else None
             self._timeline.answered(token, finished, timing, learn=answer is not None)
             worker = self._timeline.worker.pooled
