@@ -2,11 +2,11 @@
 
 Callers `submit` their items and await one future. A dispatcher task (`run`) forms batches
 from compatible queued items (`batch_queue`, `scheduling`), and so does a batch's task as
-its answer frees the model, and hands each to the sender in its own task, at most
-`max_inflight_batches` at a time; `execution` fans the
-answers, or one error, back out to the callers. The window of a forming batch opens at its
-first item. Its clock is `time.monotonic`: uvloop's `loop.time()` counts whole milliseconds,
-and a fast device's batch takes two or three.
+its answer frees the model; each batch goes to the sender in its own task, at most
+`max_inflight_batches` at a time; `execution` fans the answers, or one error, back out to
+the callers. The window of a forming batch opens at its first item. Its clock is
+`time.monotonic`: uvloop's `loop.time()` counts whole milliseconds, and a fast device's
+batch takes two or three.
 """
 
 from __future__ import annotations
@@ -275,9 +275,12 @@ class Batcher(Generic[ItemT, ResultT]):
             self._wake.set()
 
     def _changed(self) -> None:
+        self._note_idle()
+        self._wake.set()
+
+    def _note_idle(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:
             self._idle.set()
-        self._wake.set()
 
     def _launch(self, parts: list[AnyPart], reason: str, key: BatchKey) -> None:
         items = execution.batch_items(parts)
@@ -322,6 +325,5 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)
-            if self._queue.items == 0 and self._inflight == 0:
-                self._idle.set()
+            self._note_idle()
             self._poke()
