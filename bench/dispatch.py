@@ -10,9 +10,11 @@ own `.venv`) and an unbatched server run for the whole run; each round loads the
 in an order that reverses round by round, the unbatched one at one client only (the latency
 a lone caller would have without batching), then runs bench/limit.py. Prints per variant and
 concurrency the medians over rounds of items/s, items/s over the limit at batch size
-min(c, maxBatchSize), mean batch size, p50, p99 and p99/p50, the batches by reason, and
-ratios paired round by round: each variant over the first policy, and over the unbatched
-server at one client.
+min(c, maxBatchSize), mean batch size, p50, p99 and p99/p50, the batches by reason, the CPU
+seconds per second of the server's front, its model server, the load generator and the
+whole machine (whose cores other work may share: is the machine the bound?), and ratios
+paired round by round: each variant over the first policy, and over the unbatched server
+at one client.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import asyncio
 import statistics
 import subprocess
 import tempfile
+import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import psutil
 import servers
 
 from carpool import processes
@@ -33,6 +38,44 @@ from carpool.loadgen.report import CellResult
 
 REASONS = ("idle", "model_ready", "timeout", "full")
 UNBATCHED = "unbatched"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """CPU seconds per second during one cell: the server's front (the sidecar, or the
+    whole unbatched server), its model server, this load generator, and the whole
+    machine's busy time (the cores are shared: the rest is other work's)."""
+
+    front: float
+    model: float
+    generator: float
+    machine: float
+
+
+def _busy_seconds() -> float:
+    """The whole machine's busy CPU time so far: neither idle nor waiting on I/O, nor
+    taken by the hypervisor."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0) - getattr(times, "steal", 0.0)
+
+
+def _cell(
+    server: servers.Running, prepared: list[workload.PreparedRequest], level: int, duration: float
+) -> tuple[CellResult, Usage]:
+    """One load level, and the CPU each side used meanwhile."""
+    generator = psutil.Process()
+    tree, spent, busy = server.cpu_seconds(), sum(generator.cpu_times()[:2]), _busy_seconds()
+    started = time.monotonic()
+    (cell,) = asyncio.run(_cells(server.url, prepared, (level,), duration))
+    elapsed = time.monotonic() - started
+    after = server.cpu_seconds()
+    usage = Usage(
+        (after["front"] - tree["front"]) / elapsed,
+        (after["model"] - tree["model"]) / elapsed,
+        (sum(generator.cpu_times()[:2]) - spent) / elapsed,
+        (_busy_seconds() - busy) / elapsed,
+    )
+    return cell, usage
 
 
 def _limit(settings: servers.ModelSettings, text_length: workload.TextLength) -> dict[int, float]:
@@ -44,12 +87,7 @@ def _limit(settings: servers.ModelSettings, text_length: workload.TextLength) ->
         env=processes.environment(servers.OFFLINE),
         check=True,
     )
-    rows = {}
-    for line in done.stdout.splitlines():
-        fields = line.split()
-        if len(fields) == 3 and fields[0].isdigit():
-            rows[int(fields[0])] = float(fields[2])
-    return rows
+    return servers.limit_rates(done.stdout)
 
 
 async def _cells(
@@ -67,7 +105,9 @@ async def _cells(
     return await runner.run(settings, prepared)
 
 
-def _line(name: str, level: int, runs: list[CellResult], limits: list[float]) -> str:
+def _line(
+    name: str, level: int, runs: list[CellResult], limits: list[float], usage: list[Usage]
+) -> str:
     med = statistics.median
     ratios = [c.items_per_second / limit for c, limit in zip(runs, limits, strict=False)]
     stats = [c.batching for c in runs if c.batching]
@@ -86,7 +126,11 @@ def _line(name: str, level: int, runs: list[CellResult], limits: list[float]) ->
                 f"{r}={sum(c.batches_by_reason.get(r, 0) for c in stats):g}" for r in REASONS
             )
         )
-    return text
+    return text + (
+        f"  cpu front {med(u.front for u in usage):4.2f} model {med(u.model for u in usage):4.2f}"
+        f" generator {med(u.generator for u in usage):4.2f}"
+        f" machine {med(u.machine for u in usage):4.2f}"
+    )
 
 
 @click.command()
@@ -133,6 +177,7 @@ def main(
     # (variant, concurrency) -> one cell per round; limit size -> items/s per round.
     cells: dict[tuple[str, int], list[CellResult]] = {}
     limits: dict[int, list[float]] = {}
+    usage: dict[tuple[str, int], list[Usage]] = {}
     with tempfile.TemporaryDirectory(prefix="carpool-dispatch-") as logs, ExitStack() as stack:
         running = {
             name: stack.enter_context(servers.started(variant, Path(logs) / f"{name}.log", 300))
@@ -142,8 +187,10 @@ def main(
         for round_number in range(1, rounds + 1):
             for name, server in order if round_number % 2 else order[::-1]:
                 loads = (1,) if name == UNBATCHED else levels
-                for cell in asyncio.run(_cells(server.url, prepared, loads, duration)):
-                    cells.setdefault((name, int(cell.level)), []).append(cell)
+                for level in loads:
+                    cell, used = _cell(server, prepared, level, duration)
+                    cells.setdefault((name, level), []).append(cell)
+                    usage.setdefault((name, level), []).append(used)
             for size, rate in _limit(settings, text_length).items():
                 limits.setdefault(size, []).append(rate)
             click.echo(f"round {round_number} done", err=True)
@@ -156,7 +203,8 @@ def main(
     by_size = sorted(limits.items())
     click.echo("limit items/s: " + ", ".join(f"b={s} {med(r):.1f}" for s, r in by_size))
     for (name, level), runs in sorted(cells.items()):
-        click.echo(_line(name, level, runs, limits.get(min(level, max_batch_size), [])))
+        size = min(level, max_batch_size)
+        click.echo(_line(name, level, runs, limits.get(size, []), usage[(name, level)]))
     first = next(iter(variants))
     for name in variants:
         if name in (first, UNBATCHED):

@@ -224,10 +224,8 @@ def compare(
         limit = subprocess.run(
             servers.limit_command(settings, "short"), capture_output=True, text=True, check=True
         )
-        for line in limit.stdout.splitlines():
-            fields = line.split()
-            if len(fields) == 3 and fields[0].isdigit():
-                limits.setdefault(int(fields[0]), []).append(float(fields[2]))
+        for size, rate in servers.limit_rates(limit.stdout).items():
+            limits.setdefault(size, []).append(rate)
         click.echo(f"round {round_number} done", err=True)
     med = statistics.median
     click.echo(

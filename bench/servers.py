@@ -167,6 +167,17 @@ def limit_command(
     return command
 
 
+def limit_rates(stdout: str) -> dict[int, float]:
+    """Items/s by batch size from bench/limit.py's rows (size, ms per batch, items/s,
+    forward items/s); the header lines are skipped."""
+    rows = {}
+    for line in stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[0].isdigit():
+            rows[int(fields[0])] = float(fields[2])
+    return rows
+
+
 def variant_options(command: Callable[..., None]) -> Callable[..., None]:
     """`--policies` (dispatch policies to run) and `--baseline` (an older checkout with its
     own .venv, run beside this tree at every policy)."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -407,3 +408,75 @@ async def test_a_bug_in_sending_is_500_without_its_details() -> None:
         with pytest.raises(SidecarError) as failed:
             await h.request(1.0)
         assert failed.value.status == 500 and "secret" not in failed.value.message
+
+
+async def turns_until(condition: Callable[[], bool]) -> int:
+    """Turns of the event loop until `condition` holds (at most 10)."""
+    for turn in range(10):
+        if condition():
+            return turn
+        await asyncio.sleep(0)
+    raise AssertionError("not within 10 turns of the loop")
+
+
+async def test_a_queued_request_leaves_on_the_next_turn_after_the_model_frees() -> None:
+    async with Harness(max_wait_ms=10_000, max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        first = h.request(1.0)
+        await h.model.started.wait()
+        second = h.request(2.0)
+        await settle()
+        h.model.gate.set()
+        # The answer wakes the batch's task, which sends the next batch before it ends rather
+        # than waking the dispatcher: on a busy sidecar every turn of the loop waits behind
+        # whatever else is ready.
+        assert await turns_until(lambda: len(h.model.batches) == 2) <= 2
+        await asyncio.gather(first, second)
+
+
+async def test_a_batch_is_written_before_the_dispatcher_forms_the_next() -> None:
+    """Two full batches at once: the first goes to the model before the second is formed,
+    rather than after it."""
+    async with Harness(max_batch_size=2, max_inflight_batches=2, max_wait_ms=10_000) as h:
+        sent_before: list[float] = []
+        send = h.model.send
+
+        async def counting(
+            items: Sequence[Item], timeout_s: float
+        ) -> tuple[list[ItemResult], None]:
+            sent_before.append(h.batches("full"))
+            return await send(items, timeout_s)
+
+        h.model.send = counting  # type: ignore[method-assign]
+        await asyncio.gather(*(h.request(float(v)) for v in range(4)))
+        assert sent_before == [1.0, 2.0]
+
+
+async def test_a_lone_caller_is_answered_before_its_batch_is_learned() -> None:
+    """With no one queued for the model, the batch's time is learned after its callers'
+    answers are on their way, not before: at one caller, off every request's path."""
+    async with Harness(max_wait_ms=10_000) as h:
+        deadline = asyncio.get_running_loop().time() + 5
+        result = await h.batcher.submit(items(1.0), KEY, deadline)
+        learned = h.registry.get_sample_value(
+            "carpool_model_duration_seconds_count", {"model": "m"}
+        )
+        assert answers(result) == [1.0] and not learned
+        await settle()
+        learned = h.registry.get_sample_value(
+            "carpool_model_duration_seconds_count", {"model": "m"}
+        )
+        assert learned == 1
+
+
+@pytest.mark.serial
+async def test_the_model_time_learned_leaves_out_the_callers_turn() -> None:
+    """The callers answered first may hold the loop a while (writing their answers); the
+    batch's time at the model does not grow by it."""
+    async with Harness(max_wait_ms=10_000) as h:
+        deadline = asyncio.get_running_loop().time() + 5
+        await h.batcher.submit(items(1.0), KEY, deadline)
+        time.sleep(0.05)  # noqa: ASYNC251 - the caller holds the loop in its turn
+        await settle()
+        took = h.registry.get_sample_value("carpool_model_duration_seconds_sum", {"model": "m"})
+        assert took is not None and took < 0.04

@@ -67,7 +67,7 @@ def test_the_limit_is_measured_at_every_batch_the_clients_can_form(
     assert sizes == (1, 2, 4, 8, 12, 16, 32)
 
 
-def test_limit_prints_a_row_per_size_asked_for() -> None:
+def test_limit_prints_a_row_per_size_asked_for(bench: dict[str, ModuleType]) -> None:
     command = [sys.executable, str(BENCH_DIR / "limit.py"), "--handler", "toy"]
     command += ["--sizes", "3,1", "--max-batch-size", "4", "--repeats", "1", "--pool", "8"]
     done = subprocess.run(
@@ -78,6 +78,8 @@ def test_limit_prints_a_row_per_size_asked_for() -> None:
     assert [int(row[0]) for row in rows] == [1, 3]
     # items/s of the whole step, and of the forward pass alone: never slower than the whole.
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows)
+    # What the dispatch benches read of it: items/s by size.
+    assert bench["servers"].limit_rates(done.stdout) == {1: float(rows[0][2]), 3: float(rows[1][2])}
     too_big = subprocess.run(
         [*command[:4], "--sizes", "8", "--max-batch-size", "4"],
         capture_output=True,

@@ -60,7 +60,7 @@ class Group:
 
 
 class BatchQueue:
-    """Every queued request, by group; `on_change` hears when a request leaves early."""
+    """Every queued request, by group; `on_change` hears when a request leaves with items unsent."""
 
     def __init__(self, metrics: SidecarMetrics, on_change: Callable[[], None]) -> None:
         self._metrics = metrics
@@ -152,4 +152,4 @@ class BatchQueue:
                     del self._groups[group.key]
                 else:
                     group.compact()
-        self._on_change()
+            self._on_change()

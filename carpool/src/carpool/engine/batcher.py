@@ -1,11 +1,12 @@
 """The batching engine: pure asyncio, no HTTP, no model-server client.
 
-Callers `submit` their items and await one future. A single dispatcher task (`run`) forms
-batches from compatible queued items (`batch_queue`, `scheduling`) and hands each to the
-sender in its own task, at most `max_inflight_batches` at a time; `execution` fans the
-answers, or one error, back out to the callers. The window of a forming batch opens at its
-first item. Its clock is `time.monotonic`: uvloop's `loop.time()` counts whole milliseconds,
-and a fast device's batch takes two or three.
+Callers `submit` their items and await one future. A dispatcher task (`run`) forms batches
+from compatible queued items (`batch_queue`, `scheduling`), and so does a batch's task as
+its answer frees the model; each batch goes to the sender in its own task, at most
+`max_inflight_batches` at a time; `execution` fans the answers, or one error, back out to
+the callers. The window of a forming batch opens at its first item. Its clock is
+`time.monotonic`: uvloop's `loop.time()` counts whole milliseconds, and a fast device's
+batch takes two or three.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from carpool.engine.timeline import ModelTimeline
 # How stale carpool_queue_drain_seconds may be while work is queued or running: scrapes come
 # seconds apart, and a dispatcher's loop turns thousands of times a second.
 DRAIN_GAUGE_S = 0.05
+# When the dispatcher looks again after it sent a batch: at once, but after a turn of the
+# loop in which the batch's task writes it.
+AT_ONCE = -math.inf
 
 
 class Batcher(Generic[ItemT, ResultT]):
@@ -65,6 +69,8 @@ class Batcher(Generic[ItemT, ResultT]):
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
         self._inflight = 0
+        # When the dispatcher looks again unwoken (None: only when woken).
+        self._due: float | None = None
         self._seq = 0
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -157,6 +163,8 @@ class Batcher(Generic[ItemT, ResultT]):
             self._objective.displace(self._limits, request, now)
         self._arrivals.arrived(count, now)
         self._idle.clear()
+        # Not sent from here: requests that arrive in one turn of the loop (a burst) share
+        # the batch the dispatcher forms once they are all queued.
         self._wake.set()
         try:
             async with asyncio.timeout_at(deadline):
@@ -175,29 +183,41 @@ class Batcher(Generic[ItemT, ResultT]):
         try:
             while True:
                 self._wake.clear()
-                now = time.monotonic()
-                limits = self._objective.limits(self._limits)
-                decision = decide(
-                    self._queue.groups(),
-                    limits,
-                    self._inflight,
-                    self._draining,
-                    now,
-                    functools.partial(self._outlook, now=now),
-                )
-                if isinstance(decision, tuple):
-                    group, reason = decision
-                    parts = self._queue.take(group, limits.capacity(group.key), now)
-                    if parts:
-                        self._launch(parts, reason, group.key)
+                self._due = self._dispatch()
+                if self._due == AT_ONCE:
+                    # The batch just launched is written to the model server first.
+                    await asyncio.sleep(0)
                     continue
-                # Nothing to send now: off the way of a batch that leaves.
-                self._drain_gauge(limits, now)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(decision):
+                    async with asyncio.timeout_at(self._due):
                         await self._wake.wait()
         finally:
+            self._due = None
             await self.abort()
+
+    def _dispatch(self) -> float | None:
+        """Send a batch if one should leave now (then look again AT_ONCE, once its task has
+        written it), else when to look again (None: on an event)."""
+        while True:
+            now = time.monotonic()
+            limits = self._objective.limits(self._limits)
+            decision = decide(
+                self._queue.groups(),
+                limits,
+                self._inflight,
+                self._draining,
+                now,
+                functools.partial(self._outlook, now=now),
+            )
+            if not isinstance(decision, tuple):
+                # Nothing to send now: off the way of a batch that leaves.
+                self._drain_gauge(limits, now)
+                return decision
+            group, reason = decision
+            parts = self._queue.take(group, limits.capacity(group.key), now)
+            if parts:
+                self._launch(parts, reason, group.key)
+                return AT_ONCE
 
     async def abort(self) -> None:
         """Refuse new requests and answer every waiting caller, queued or in a batch, 503."""
@@ -245,10 +265,22 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
             self._drain_set_at = now
 
+    def _poke(self) -> None:
+        """Send what may leave now from here rather than by waking the dispatcher, which
+        would start it a turn of the loop later; wake it only to look again sooner than it
+        will."""
+        due = self._dispatch()
+        if due is not None and (self._due is None or due < self._due):
+            # (AT_ONCE: it looks for more once the batch sent here is written.)
+            self._wake.set()
+
     def _changed(self) -> None:
+        self._note_idle()
+        self._wake.set()
+
+    def _note_idle(self) -> None:
         if self._queue.items == 0 and self._inflight == 0:
             self._idle.set()
-        self._wake.set()
 
     def _launch(self, parts: list[AnyPart], reason: str, key: BatchKey) -> None:
         items = execution.batch_items(parts)
@@ -268,16 +300,23 @@ class Batcher(Generic[ItemT, ResultT]):
         # clock, the batch gives up no earlier than its last caller, who hears 504, not 503.
         timeout_s = max(part.request.deadline for part in parts) - self._loop.time()
         answer = None
+        finished = None
         try:
             answer = await execution.execute(self._sender, parts, items, timeout_s)
+            finished = time.monotonic()
             if answer is not None:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
-                finished = time.monotonic()
                 self._throughput.record(started, finished, len(items))
                 done = sum(part.stop == len(part.request.items) for part in parts)
                 self._arrivals.answered(done, finished)
+                if not self._queue.items:
+                    # No one waits for the model: the callers' answers go out before what
+                    # follows is learned (at one caller, every batch), which is timed
+                    # without the callers' turn.
+                    await asyncio.sleep(0)
         finally:
-            finished = time.monotonic()
+            if finished is None:  # cancelled
+                finished = time.monotonic()
             timing = answer[1] if answer is not None else None
             self._timeline.answered(token, finished, timing, learn=answer is not None)
             worker = self._timeline.worker.pooled
@@ -286,4 +325,5 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
             self._metrics.inflight_batches.set(self._inflight)
-            self._changed()
+            self._note_idle()
+            self._poke()
