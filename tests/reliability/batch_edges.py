@@ -28,6 +28,9 @@ from carpool.batching import DeadlineExceeded, FunctionAborted, SidecarError
 from carpool.engine.errors import BadModelResponse
 
 GOOD, HANG, EXIT, NONE = "good", "hang", "exit", "none"
+# How long the gauges may take to read nothing queued and nothing in flight after the last
+# answer: a leaked count never does.
+SETTLE_POLLS, SETTLE_POLL_S = 100, 0.01
 # What a caller of each kind must get: its answer, or this error.
 EXPECTED: dict[str, type[Exception] | None] = {
     GOOD: None,
@@ -134,6 +137,10 @@ async def _run_async(plan: Plan) -> Report:
         for round_ in range(plan.rounds):
             report.outcomes += await asyncio.gather(*map(one, _schedule(plan, round_)))
         report.after = (await one(_Call(GOOD, 7)))[1]
+        for _ in range(SETTLE_POLLS):  # the last batch counts itself out after its callers
+            if not any(_gauges(registry)):
+                break
+            await asyncio.sleep(SETTLE_POLL_S)
     finally:
         report.queued, report.inflight = _gauges(registry)
         await batched.aclose()
@@ -170,6 +177,10 @@ def _run_sync(plan: Plan) -> Report:
             with ThreadPoolExecutor(plan.callers) as callers:
                 report.outcomes += callers.map(one, _schedule(plan, round_))
         report.after = one(_Call(GOOD, 7))[1]
+        for _ in range(SETTLE_POLLS):
+            if not any(_gauges(registry)):
+                break
+            time.sleep(SETTLE_POLL_S)
     finally:
         report.queued, report.inflight = _gauges(registry)
         release.set()
