@@ -175,3 +175,18 @@ async def test_a_killed_front_is_replaced_and_fronts_die_with_the_sidecar(
         sidecar.process.kill()
         _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, alive
+
+
+async def test_a_body_over_a_fronts_share_of_the_reading_budget_gets_413(
+    tmp_path: Path,
+) -> None:
+    # Each of two fronts holds half of the 200 kB reading budget: a 300 kB body, under the
+    # body limit, could never be read by one; the caller hears so, not "retry shortly".
+    args = (*FRONTS, "--max-reading-bytes", "200000", "--max-body-bytes", "400000")
+    with run_pair(tmp_path, "toy", *args) as pair:
+        body = orjson.dumps(v2_body([[1, 2, 3, 4]])) + b" " * 300_000
+        url = f"{pair.sidecar.url}/v2/models/{pair.sidecar.model}/infer"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url, data=body) as reply:
+                assert reply.status == 413, await reply.text()
+            assert (await infer(http, pair.sidecar, [[1, 2, 3, 4]]))[0] == 200

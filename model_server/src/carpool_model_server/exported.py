@@ -29,7 +29,6 @@ class Exported:
     run: Callable[[torch.Tensor], torch.Tensor]
     # Per item, without the batch dimension; None for a compiled package.
     item_shape: tuple[int, ...] | None
-    dtype: torch.dtype
     # The (least, most) each dimension of `item_shape` takes (most None: unbounded), and the
     # largest batch, as the program was exported (a `Dim`'s min and max); outside them it
     # fails. Empty and None for a compiled package.
@@ -41,7 +40,7 @@ def load_exported(path: Path, device: torch.device, dtype: torch.dtype) -> Expor
     """Load `path` onto `device`; ValueError for a package that cannot serve batches."""
     if _is_compiled(path):
         runner: Any = torch._inductor.aoti_load_package(str(path))
-        return Exported(_single_output(lambda batch: runner(batch)), None, dtype)
+        return Exported(_single_output(runner), None)
     from torch.export.graph_signature import InputKind
     from torch.export.passes import move_to_device_pass
 
@@ -66,7 +65,7 @@ def load_exported(path: Path, device: torch.device, dtype: torch.dtype) -> Expor
     shape = tuple(-1 if isinstance(d, torch.SymInt) else int(d) for d in example.shape[1:])
     ranges = [_range(program, d) for d in example.shape]
     module = move_to_device_pass(program, device).module()
-    return Exported(_single_output(module), shape, dtype, tuple(ranges[1:]), ranges[0][1])
+    return Exported(_single_output(module), shape, tuple(ranges[1:]), ranges[0][1])
 
 
 def check_max_batch(exported: Exported, path: Path, max_batch_size: int) -> None:

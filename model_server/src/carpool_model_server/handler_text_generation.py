@@ -401,7 +401,7 @@ class _RowStop:
 
 def _tokens_option(options: Mapping[str, str], name: str) -> int:
     value = options.get(name, "0")
-    if not value.isdigit():
+    if not value.isdecimal():  # not isdigit: int() refuses superscripts
         raise ValueError(f"option {name}={value!r}: use a whole number of tokens")
     return int(value)
 

@@ -182,10 +182,33 @@ def _unpack_failure(raw: dict[Any, Any]) -> ItemResult:
     return ItemResult.failed(message, status)
 
 
-def _unpack_tensors(raw: Any) -> dict[str, Tensor]:
+# The shapes of the byte buffers a body's tensors checked, by datatype, length and shape as
+# they came: the items of a batch mostly share them, and are not checked again.
+_Checked = dict[tuple[Any, ...], tuple[int, ...]]
+
+
+def _unpack_tensors(raw: Any, checked: _Checked) -> dict[str, Tensor]:
     if not isinstance(raw, dict):
         raise WireError("tensors must be a map of name to tensor")
-    return {str(name): _unpack_tensor(value) for name, value in raw.items()}
+    tensors = {}
+    for name, value in raw.items():
+        kind: tuple[Any, ...] | None = None
+        shape = None
+        try:
+            data = value["data"]
+            if type(data) is bytes:
+                kind = (value["datatype"], len(data), *value["shape"])
+                shape = checked.get(kind)
+        except (KeyError, TypeError):
+            kind = None  # malformed: _unpack_tensor says how
+        if shape is not None:
+            tensor = Tensor(value["datatype"], shape, data)
+        else:
+            tensor = _unpack_tensor(value)
+            if kind is not None:
+                checked[kind] = tensor.shape
+        tensors[name if type(name) is str else str(name)] = tensor
+    return tensors
 
 
 def _loads(body: bytes, key: str) -> tuple[dict[Any, Any], list[Any]]:
@@ -207,34 +230,11 @@ def encode_request(items: Sequence[Item]) -> bytes:
 
 def decode_request(body: bytes) -> list[dict[str, Tensor]]:
     items = []
-    # The shapes of the byte buffers checked in this batch, by datatype, length and shape as
-    # they came: the items of a batch mostly share them, and are not checked again.
-    checked: dict[tuple[Any, ...], tuple[int, ...]] = {}
+    checked: _Checked = {}
     for raw in _loads(body, "items")[1]:
         if not isinstance(raw, dict):
             raise WireError("each item must be a map with an 'inputs' map")
-        inputs = raw.get("inputs")
-        if not isinstance(inputs, dict):
-            raise WireError("tensors must be a map of name to tensor")
-        item = {}
-        for name, value in inputs.items():
-            kind: tuple[Any, ...] | None = None
-            shape = None
-            try:
-                data = value["data"]
-                if type(data) is bytes:
-                    kind = (value["datatype"], len(data), *value["shape"])
-                    shape = checked.get(kind)
-            except (KeyError, TypeError):
-                kind = None  # malformed: _unpack_tensor says how
-            if shape is not None:
-                tensor = Tensor(value["datatype"], shape, data)
-            else:
-                tensor = _unpack_tensor(value)
-                if kind is not None:
-                    checked[kind] = tensor.shape
-            item[name if type(name) is str else str(name)] = tensor
-        items.append(item)
+        items.append(_unpack_tensors(raw.get("inputs"), checked))
     return items
 
 
@@ -260,13 +260,14 @@ def decode_answer(body: bytes) -> tuple[list[ItemResult], BatchTiming | None]:
     """The results, and the model server's timing when it gave one."""
     document, entries = _loads(body, "results")
     results = []
+    checked: _Checked = {}
     for raw in entries:
         if not isinstance(raw, dict):
             raise WireError("each result must be a map")
         if "error" in raw:
             results.append(_unpack_failure(raw))
         else:
-            results.append(ItemResult(outputs=_unpack_tensors(raw.get("outputs"))))
+            results.append(ItemResult(outputs=_unpack_tensors(raw.get("outputs"), checked)))
     queued, worker = document.get("queued_s"), document.get("worker_s")
     if not (isinstance(queued, float) and isinstance(worker, float)):
         return results, None

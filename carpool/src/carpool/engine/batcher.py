@@ -259,8 +259,9 @@ class Batcher(Generic[ItemT, ResultT]):
         """carpool_queue_drain_seconds, from this loop's thread, on an event (an arrival, an
         answer): at once when work starts or ends, at most every DRAIN_GAUGE_S between."""
         if self._queue.items == 0 and self._inflight == 0:
-            self._metrics.queue_drain.set(0.0)
-            self._drain_set_at = -math.inf
+            if self._drain_set_at != -math.inf:  # not at every idle answer: once
+                self._metrics.queue_drain.set(0.0)
+                self._drain_set_at = -math.inf
         elif now >= self._drain_set_at + DRAIN_GAUGE_S:
             self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
             self._drain_set_at = now

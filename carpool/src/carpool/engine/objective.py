@@ -163,9 +163,11 @@ class Objective:
     def displace(self, base: Limits, arrived: AnyRequest, now: float) -> None:
         """Refuse the queued requests of lower priority than `arrived` that it pushes past
         their objective or deadline; those that would miss anyway are left as they are."""
+        if self._queue.items == self._queue.items_from(arrived.priority):
+            return  # nothing queued below it (every default-level arrival): before the limits
         limits = self.limits(base)
-        if limits is base or self._queue.items == self._queue.items_from(arrived.priority):
-            return  # nothing queued below it
+        if limits is base:
+            return
         behind = sorted(
             (
                 request

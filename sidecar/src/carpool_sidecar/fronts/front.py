@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import pickle
 import signal
@@ -55,12 +56,18 @@ def build_front(
 ) -> FrontProcess:
     """A front with the pod's byte budgets shared equally among the fronts; needs a
     running event loop."""
-    share = config.front_processes
+    reading_bytes = config.max_reading_bytes // config.front_processes
+    unsent_bytes = config.max_unsent_bytes // config.front_processes
+    # A body or an answer larger than a front's share could never be held: the share is its
+    # limit too, so that its caller hears 413, not a 503 that no retry gets past.
+    config = dataclasses.replace(
+        config,
+        max_body_bytes=min(config.max_body_bytes, reading_bytes),
+        max_answer_bytes=min(config.max_answer_bytes, unsent_bytes),
+    )
     metrics = SidecarMetrics(registry, config.model_name)
     state = ModelState()
-    answers = AnswerBudget(
-        config.max_answer_bytes, config.max_unsent_bytes // share, metrics.unsent_answer_bytes
-    )
+    answers = AnswerBudget(config.max_answer_bytes, unsent_bytes, metrics.unsent_answer_bytes)
 
     def take(news: State) -> None:
         state.ready, state.metadata = news.ready, news.metadata
@@ -71,7 +78,7 @@ def build_front(
     # Generation streams need one place that admits them to the model's running batch:
     # here every generate request takes the batcher (and is answered in one piece).
     dataplane = DataPlane(config.model_name, batcher, state, answers)
-    reading = ReadingBudget(config.max_reading_bytes // share)
+    reading = ReadingBudget(reading_bytes)
     return FrontProcess(
         config=config, registry=registry, metrics=metrics, dataplane=dataplane,
         reading=reading, converter=Converter(reading),

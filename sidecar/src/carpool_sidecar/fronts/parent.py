@@ -54,15 +54,19 @@ async def serve(config: SidecarConfig) -> int:
         await signalled()
         sidecar.dataplane.stop_soon()  # the fronts hear of it with the next state
         pool.stop()
+        # No front starts again: the fronts' own copies alone keep the port, so a front's
+        # socket leaves the port's group when the front closes it (or dies), rather than
+        # taking connections nobody accepts.
+        for sock in listeners:
+            sock.close()
         log.info(
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )
         await asyncio.sleep(config.drain_delay_seconds)
         loop = asyncio.get_running_loop()
         drained_by = loop.time() + config.drain_seconds
+        sidecar.sending.drained_by = drained_by  # gRPC's grace
         await hub.close_ports(config.drain_seconds, CLOSE_TIMEOUT_S)
-        for sock in listeners:
-            sock.close()
         await sidecar.drain(config.drain_seconds)
         await pool.stopped(max(0.0, drained_by - loop.time()) + SHUTDOWN_TIMEOUT_S)
     log.info("sidecar stopped")

@@ -70,7 +70,7 @@ class RemoteBatcher:
         arrived_at: float | None = None,
     ) -> list[ItemResult]:
         submit = link.Submit(
-            list(items[0 : len(items)]), key, deadline, priority,
+            items[:], key, deadline, priority,
             None if lengths is None else list(lengths), nbytes, arrived_at,
         )  # fmt: skip
         payload = await self._ask(link.SUBMIT, link.encode_submit(submit))
