@@ -131,11 +131,14 @@ async def test_a_request_that_cannot_meet_its_own_deadline_is_refused_at_once() 
 TEN_AT_A_TIME = {"max_batch_size": 10, "max_inflight_batches": 1, "latency_objective_ms": 270}
 
 
-async def outcome(served: Served, priority: int) -> str:
-    """ "answered", or the reason the request was refused early."""
+async def outcome(served: Served, priority: int, read_s: float = 0.0) -> str:
+    """ "answered", or the reason the request was refused early; `read_s`: how long before
+    it was queued it reached the front."""
     now = time.monotonic()
     try:
-        await served.batcher.submit([now], KEY, now + 30, priority=priority)
+        await served.batcher.submit(
+            [now], KEY, now + 30, priority=priority, arrived_at=now - read_s
+        )
     except Late as error:
         assert error.rejected_reason is not None
         return error.rejected_reason
@@ -166,6 +169,23 @@ async def test_high_priority_displaces_low_priority_never_the_reverse() -> None:
     assert low_outcomes[20:] == ["displaced"] * 10
     # Low-priority arrivals never push high-priority requests out: they are refused.
     assert late_outcomes == ["objective"] * 10
+
+
+async def test_a_displaced_requests_objective_counts_from_its_arrival_at_the_front() -> None:
+    model = TimedModel()
+    async with running(model, **TEN_AT_A_TIME) as served:
+        await teach(served)
+        # Read for 120 ms before they were queued: the second ten are predicted at 240 ms
+        # after arrival, within 270 ...
+        low = [asyncio.create_task(outcome(served, 0, read_s=0.120)) for _ in range(20)]
+        await asyncio.sleep(0)
+        # ... until ten of higher priority go ahead of them: 300 ms after arrival (180 after
+        # they were queued, which alone would keep the objective).
+        high = [asyncio.create_task(outcome(served, 1)) for _ in range(10)]
+        low_outcomes = await asyncio.gather(*low)
+        high_outcomes = await asyncio.gather(*high)
+    assert high_outcomes == ["answered"] * 10
+    assert low_outcomes == ["answered"] * 10 + ["displaced"] * 10
 
 
 async def test_a_request_counts_only_the_levels_served_before_its_own() -> None:

@@ -22,7 +22,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from carpool.contract.metadata import TensorSpec
-from carpool.engine.errors import CLIENT_GONE, SidecarError
+from carpool.engine.errors import CLIENT_GONE, INTERNAL_MESSAGE, SidecarError
 from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool_sidecar import operations as op
@@ -86,7 +86,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         return error_response(error.status, error.reason)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
-        return error_response(500, "internal error; see the sidecar log")
+        return error_response(500, INTERNAL_MESSAGE)
 
 
 async def read_body(request: web.Request, deadline: float) -> bytearray:

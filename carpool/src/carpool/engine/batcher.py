@@ -158,6 +158,7 @@ class Batcher(Generic[ItemT, ResultT]):
             nbytes,
         )  # fmt: skip
         request.results = [None] * count
+        request.arrived_at = arrived_at
         self._queue.push(request)
         if keeping:
             self._objective.displace(self._limits, request, now)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 # Not an HTTP status: the client went away before its answer (nginx's convention).
 CLIENT_GONE = 499
+# What a caller hears of a bug in the sidecar; the details go to its log.
+INTERNAL_MESSAGE = "internal error; see the sidecar log"
 # The longest message an error carries, in UTF-8 bytes. A message may hold what a caller or
 # the model server sent (a name, a model's own words), and goes to every caller of a batch;
 # over gRPC it travels percent-encoded in a trailer, which clients refuse past 8 to 16 KiB.

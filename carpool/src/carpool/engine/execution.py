@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
 from carpool.contract.wire import BatchTiming
-from carpool.engine.errors import BadModelResponse, SidecarError, Unavailable
+from carpool.engine.errors import INTERNAL_MESSAGE, BadModelResponse, SidecarError, Unavailable
 from carpool.engine.pending import AnyPart, ItemT, Part, ResultT
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ async def execute(
     except Exception:
         # A bug, not an outage; still, every waiter hears about it (details in the log).
         log.exception("batch of %d items failed", len(items))
-        fail(parts, SidecarError("internal error; see the sidecar log"))
+        fail(parts, SidecarError(INTERNAL_MESSAGE))
     else:
         deliver(parts, results)
         return results, timing

@@ -180,7 +180,8 @@ class Objective:
         ahead = self._queue.items_from(arrived.priority)
         pushed = len(arrived.items)
         for request in behind:
-            due = min(request.deadline, request.enqueued_at + self._objective_s)
+            arrived_at = request.enqueued_at if request.arrived_at is None else request.arrived_at
+            due = min(request.deadline, arrived_at + self._objective_s)
             answer_at = self._answer_at(limits, ahead + request.unsent, request.key, now)
             if (
                 answer_at
@@ -190,7 +191,7 @@ class Objective:
                 request.fail(
                     Late(
                         f"refused: a request of higher priority pushed its predicted answer "
-                        f"to {1000 * (answer_at - request.enqueued_at):.0f} ms after arrival",
+                        f"to {1000 * (answer_at - arrived_at):.0f} ms after arrival",
                         self._retry_after_s(limits, ahead, request.key, now),
                         DISPLACED,
                     )

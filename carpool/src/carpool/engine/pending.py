@@ -51,6 +51,9 @@ class PendingRequest(Generic[ItemT, ResultT]):
     sent: int = 0
     answered: int = 0
     results: list[ResultT | None] = field(default_factory=list)
+    # When it reached the front (time.monotonic()), where its latency objective starts;
+    # None: when it was queued.
+    arrived_at: float | None = None
 
     @property
     def unsent(self) -> int:

@@ -11,7 +11,7 @@ import msgpack
 from prometheus_client import Metric
 
 from carpool.contract import frames, wire
-from carpool.engine.errors import SidecarError
+from carpool.engine.errors import INTERNAL_MESSAGE, SidecarError
 from carpool_sidecar.build import Sidecar
 from carpool_sidecar.fronts import link, pod_metrics
 from carpool_sidecar.fronts.link import Link, State
@@ -118,7 +118,7 @@ class Hub:
             front.link.send(link.ERROR, frame_id, link.encode_error(error))
         except Exception:
             log.exception("unexpected error batching a front's request")
-            internal = SidecarError("internal error; see the sidecar log")
+            internal = SidecarError(INTERNAL_MESSAGE)
             front.link.send(link.ERROR, frame_id, link.encode_error(internal))
         else:
             front.link.send(link.RESULT, frame_id, wire.encode_response(results))

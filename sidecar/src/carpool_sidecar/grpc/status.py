@@ -12,11 +12,11 @@ from typing import Any, NoReturn
 import grpc
 
 from carpool.contract.oip_grpc.codes import code_of
-from carpool.engine.errors import SidecarError
+from carpool.engine.errors import INTERNAL_MESSAGE, SidecarError
 
 Context = grpc.aio.ServicerContext[Any, Any]
 # What a caller hears of a bug in the sidecar; the log has the traceback.
-INTERNAL_ERROR = SidecarError("internal error; see the sidecar log")
+INTERNAL_ERROR = SidecarError(INTERNAL_MESSAGE)
 
 
 def trailing_metadata(error: SidecarError) -> tuple[tuple[str, str], ...]:
