@@ -14,19 +14,46 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import click
 import orjson
 
 from carpool.comma_list import CommaList
-from carpool.contract.batching import DISPATCH_MODES, Batching
+from carpool.contract.batching import DISPATCH_MODES, KNOB_BY_KEY, Batching
 from carpool.loadgen import runner, workload
 from carpool.loadgen.main import DEFAULT_INPUT_NAMES, DEFAULT_MODEL_NAMES
 from carpool.tune import output, search
 from carpool.tune.trial import Load, NotApplied, SettingsFile, Trials, until_applied
+
+# The knobs the search moves, and the values it tries of each unless told.
+SEARCHED: dict[str, str] = {
+    "maxBatchSize": "4,8,16,32,64",
+    "maxWaitMs": "0,2,5,10",
+    "dispatch": ",".join(DISPATCH_MODES),
+    "maxInflightBatches": "1,2,4",
+}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _searched_options(function: F) -> F:
+    """A list of values per searched knob, with the knob's flag and the contract's range; whole
+    numbers only, as spec.batching takes them (the snippet is one)."""
+    for key, default in reversed(SEARCHED.items()):
+        knob = KNOB_BY_KEY[key]
+        values = (
+            click.Choice(knob.choices)
+            if knob.choices
+            else click.IntRange(knob.minimum, knob.maximum)
+        )
+        option = click.option(
+            knob.flag, knob.attribute, type=CommaList(values), default=default, show_default=True
+        )
+        function = option(function)
+    return function
 
 
 @click.command()
@@ -49,34 +76,7 @@ from carpool.tune.trial import Load, NotApplied, SettingsFile, Trials, until_app
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Poisson requests/s.")
 @click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per trial.")
 @click.option("--warmup", type=float, default=1.0, show_default=True, help="Unrecorded seconds.")
-@click.option(
-    "--max-batch-size",
-    "batch_sizes",
-    type=CommaList(click.IntRange(1, 1024)),
-    default="4,8,16,32,64",
-    show_default=True,
-)
-@click.option(
-    "--max-wait-ms",
-    "waits",
-    type=CommaList(click.IntRange(0, 10_000)),
-    default="0,2,5,10",
-    show_default=True,
-)
-@click.option(
-    "--dispatch",
-    "dispatches",
-    type=CommaList(click.Choice(DISPATCH_MODES)),
-    default=",".join(DISPATCH_MODES),
-    show_default=True,
-)
-@click.option(
-    "--max-inflight-batches",
-    "inflights",
-    type=CommaList(click.IntRange(1, 64)),
-    default="1,2,4",
-    show_default=True,
-)
+@_searched_options
 @click.option("--grid", is_flag=True, help="Measure every point, not a coordinate search.")
 @click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--model-name", default=None, help="[default: the payload's built-in handler]")
@@ -98,10 +98,6 @@ def command(
     rate: float | None,
     duration: float,
     warmup: float,
-    batch_sizes: tuple[int, ...],
-    waits: tuple[int, ...],
-    dispatches: tuple[str, ...],
-    inflights: tuple[int, ...],
     grid: bool,
     rounds: int,
     model_name: str | None,
@@ -112,6 +108,7 @@ def command(
     plot_path: Path | None,
     json_path: Path | None,
     quiet: bool,
+    **searched: tuple[search.Value, ...],
 ) -> None:
     """Find the batching settings with the most throughput whose latency meets an objective."""
     if (concurrency is None) == (rate is None):
@@ -119,12 +116,7 @@ def command(
     if duration <= 0:
         raise click.BadParameter("must be positive", param_hint="--duration")
     space = search.Space(
-        (
-            search.Dimension("maxBatchSize", batch_sizes),
-            search.Dimension("maxWaitMs", waits),
-            search.Dimension("dispatch", dispatches),
-            search.Dimension("maxInflightBatches", inflights),
-        )
+        tuple(search.Dimension(key, searched[KNOB_BY_KEY[key].attribute]) for key in SEARCHED)
     )
     try:
         file = SettingsFile(settings_file)
