@@ -5,11 +5,14 @@ another in process (`model.generate`).
 
     python bench/generation.py --clients 32 --requests 64 --rounds 2 --torch-threads 2
 
-Each request's prompt has 8 to 256 words and asks for 1 to 256 tokens, greedy; the model is
-a random-weight GPT-2 of the shape given with a word-level tokenizer (no download). Served
-requests go to `generate_stream` from `--clients` closed-loop clients; time to first token
-is to the first event (for static batching, the whole answer's), inter-token latency the
-time between events. Rounds alternate the variants; medians are reported, and every
+Each request's prompt has 8 to 256 words and asks for 1 to 256 tokens, greedy, or with
+`--sampled F` a share F of them sampled at temperature 1, each seeded with its index (the
+served variants then draw the same texts and are compared with the first one's; the
+in-process variants, greedy only, are left out). The model is a random-weight GPT-2 of the
+shape given with a word-level tokenizer (no download). Served requests go to
+`generate_stream` from `--clients` closed-loop clients; time to first token is to the first
+event (for static batching, the whole answer's), inter-token latency the time between
+events. Rounds alternate the variants; medians are reported, and every
 variant's texts are compared with sequential `generate`'s (with `--skip sequential`, with
 the first served variant's).
 
@@ -41,7 +44,8 @@ import orjson
 import torch
 
 TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"
-Work = list[tuple[str, int]]
+Work = list[tuple[str, int, float]]  # prompt, tokens asked for, temperature (0: greedy)
+SAMPLED_TEMPERATURE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +61,24 @@ class Run:
         return self.tokens / self.seconds
 
 
-def workload(count: int, words: list[str], seed: int = 0) -> Work:
+def workload(count: int, words: list[str], sampled: float, seed: int = 0) -> Work:
     rng = random.Random(seed)
-    return [
+    asks = [
         (" ".join(rng.choices(words, k=rng.randint(8, 256))), rng.randint(1, 256))
         for _ in range(count)
+    ]
+    # Drawn apart from the prompts: the same prompts whatever the share sampled.
+    draws = random.Random(seed + 1)
+    return [
+        (prompt, new_tokens, SAMPLED_TEMPERATURE if draws.random() < sampled else 0.0)
+        for prompt, new_tokens in asks
     ]
 
 
 def sequential(model: Any, tokenizer: Any, work: Work) -> Run:
     texts, tokens, firsts = [], 0, []
     started = time.monotonic()
-    for prompt, new_tokens in work:
+    for prompt, new_tokens, _ in work:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
         with torch.inference_mode():
             output = model.generate(
@@ -96,7 +106,7 @@ def in_process(model: Any, tokenizer: Any, work: Work) -> Run:
     try:
         started = time.monotonic()
         ids = {}
-        for index, (prompt, new_tokens) in enumerate(work):
+        for index, (prompt, new_tokens, _) in enumerate(work):
             prompt_ids = tokenizer(prompt)["input_ids"]
             ids[manager.add_request(prompt_ids, f"r{index}", max_new_tokens=new_tokens)] = index
         results: dict[int, list[int]] = {}
@@ -123,8 +133,11 @@ async def served(url: str, work: Work, clients: int) -> Run:
     async def client(http: aiohttp.ClientSession) -> None:
         nonlocal tokens
         while pending:
-            index, (prompt, new_tokens) = pending.pop(0)
-            body = {"text_input": prompt, "parameters": {"max_tokens": new_tokens}}
+            index, (prompt, new_tokens, temperature) = pending.pop(0)
+            parameters: dict[str, Any] = {"max_tokens": new_tokens}
+            if temperature:
+                parameters.update(temperature=temperature, seed=index)
+            body = {"text_input": prompt, "parameters": parameters}
             sent = last = loop.time()
             pieces = []
             async with http.post(url, data=orjson.dumps(body)) as reply:
@@ -155,8 +168,8 @@ async def served(url: str, work: Work, clients: int) -> Run:
 async def lone_first_token(url: str, work: Work, count: int = 5) -> float:
     """The median time to first event of requests sent one at a time."""
     times = []
-    for prompt, _ in work[:count]:
-        run = await served(url, [(prompt, 8)], 1)
+    for prompt, _, _ in work[:count]:
+        run = await served(url, [(prompt, 8, 0.0)], 1)
         times.append(run.first_token_s[0])
     return statistics.median(times)
 
@@ -178,7 +191,12 @@ def main() -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["sequential", "in process"], help="variants"
     )
+    parser.add_argument(
+        "--sampled", type=float, default=0.0, help="share of requests sampled, each seeded"
+    )
     args = parser.parse_args()
+    if args.sampled:
+        args.skip = ["sequential", "in process"]  # they decode greedily
     # bench/library.py would shadow the tests' `library` folder.
     sys.path[:] = [str(TESTS_DIR), *(p for p in sys.path if Path(p) != Path(__file__).parent)]
     from library.tiny_lm import WORDS, build_tiny_lm
@@ -190,7 +208,7 @@ def main() -> None:
     build_tiny_lm(folder / "lm", layers=args.layers, width=args.width, context=512)
     model = AutoModelForCausalLM.from_pretrained(folder / "lm").eval()
     tokenizer = AutoTokenizer.from_pretrained(folder / "lm")
-    work = workload(args.requests, WORDS)
+    work = workload(args.requests, WORDS, args.sampled)
     model_args = ["--model-path", str(folder / "lm"), "--device", "cpu", "--max-batch-size", "32"]
     model_args += ["--torch-threads", str(args.torch_threads), "--warmup-sizes", "1"]
     # Static batching takes minutes for this workload on a loaded CPU: no 504s.
@@ -224,15 +242,16 @@ def main() -> None:
                 runs.setdefault(name, []).append(asyncio.run(served(url, work, args.clients)))
         for name, variant in variants.items():
             runs.setdefault(name, []).append(variant())
-    report(runs, lone, args)
+    report(runs, lone, args, work)
 
 
-def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any) -> None:
+def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any, work: Work) -> None:
     first = next(iter(runs.values()))  # the first served variant
     reference = runs.get("sequential", first)[0].texts
     static_rate = statistics.median(run.rate for run in runs.get("static", first))
     print(
         f"{args.requests} requests, {args.clients} clients, GPT-2 {args.layers}x{args.width}, "
+        f"{sum(t > 0 for _, _, t in work)} sampled, "
         f"torch threads {args.torch_threads}, {args.rounds} rounds (medians); "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[1]:.1f} (5 min)"
     )

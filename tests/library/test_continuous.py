@@ -58,6 +58,7 @@ def mixed(count: int, seed: int) -> list[tuple[str, int]]:
 
 
 async def test_concurrent_streams_match_generate_alone(handler: TextGenerationHandler) -> None:
+    assert handler.metadata.streams_tokens
     requests = mixed(12, seed=3)
     answers = await asyncio.gather(
         *(stream(handler, prompt_item(p, max_new_tokens=n)) for p, n in requests)
@@ -135,11 +136,6 @@ async def test_closing_a_stream_frees_its_sequence(handler: TextGenerationHandle
             break
         await asyncio.sleep(0.02)
     assert (state.running, state.waiting, state.cache_used) == (0, 0, 0)
-
-
-def test_sampled_items_take_the_static_way(handler: TextGenerationHandler) -> None:
-    assert handler.stream(prompt_item("the sky", temperature=0.5)) is None
-    assert handler.metadata.streams_tokens
 
 
 @pytest.mark.parametrize(

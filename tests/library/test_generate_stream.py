@@ -152,13 +152,19 @@ async def test_errors_before_the_first_piece_keep_their_status(pair: Pair) -> No
         assert status == 400 and "context" in answer["error"]
 
 
-async def test_sampled_requests_take_the_static_way_in_one_piece(pair: Pair) -> None:
+async def test_a_seeded_sampled_request_streams_the_static_ways_draw(
+    pair: Pair, static: TextGenerationHandler
+) -> None:
+    body = request("the moon", max_tokens=30, temperature=2.0, seed=3)
     async with aiohttp.ClientSession() as http:
-        status, events = await stream(
-            http, pair.sidecar, request("the sky", max_tokens=8, temperature=0.7)
-        )
-    assert status == 200 and len(events) == 1 and events[0]["done"]
-    assert events[0]["generated_tokens"] <= 8
+        status, events = await stream(http, pair.sidecar, body)
+        whole_status, whole = await post(http, pair.sidecar, body)
+    assert status == whole_status == 200
+    assert len(events) > 1 and events[-1]["done"]  # piece by piece, from the token loop
+    text = "".join(event["text_output"] for event in events)
+    assert text == whole["text_output"]
+    item = prompt_item("the moon", max_new_tokens=30, temperature=2.0, seed=3)
+    assert text == generate_static(static, [item])[0]
 
 
 async def test_the_library_reads_a_stream_as_an_async_iterator(pair: Pair) -> None:

@@ -9,8 +9,10 @@ others decode starts at the next step. Each request's tokens come back as they a
 applies the request's stop strings (a piece never shows text a stop string may still cut)
 and ends the sequence early when its caller goes away.
 
-Decoding here is greedy: every request gets exactly the tokens `model.generate` gives it
-alone. Requests that sample go the handler's static way.
+Greedy and sampled requests share the running batch (`row_choice`): a greedy request gets
+exactly the tokens `model.generate` gives it alone, a sampled one draws at its own
+temperature from its own generator, so with a seed it gets the same tokens whatever runs
+beside it and whenever it arrives, the tokens the static way draws for that seed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from carpool.contract import generation
+from carpool_model_server import row_choice
 from carpool_model_server.handler_text_generation import Answer, Request, cut_at_stop, finish
 
 log = logging.getLogger(__name__)
@@ -100,10 +103,17 @@ class TokenLoop:
             # Pages of finished sequences are freed, not kept for a later prompt that might
             # share their prefix: the cache in use is the running sequences' alone.
             allow_block_sharing=False,
+            # The token choice runs Python at every step (each sampled row's own generator):
+            # no graph replays a step without it, and no step is prepared before the last
+            # one's choice is made.
+            use_cuda_graph=False,
+            use_async_batching=False,
         )
         self._manager: Any = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=sizes
         )
+        self._choice = row_choice.install(self._manager)
+        self._device: Any = model.device
         self._ids = itertools.count()
         self._manager.start()
 
@@ -114,6 +124,7 @@ class TokenLoop:
         while time.monotonic() < deadline:
             output = self._manager.get_result(request_id, timeout=1.0)
             if output is not None and output.is_finished():
+                row_choice.verify(self._manager, self._choice)
                 return
         raise RuntimeError(f"the generation loop gave no answer in {WARMUP_SECONDS:.0f} s")
 
@@ -140,6 +151,7 @@ class TokenLoop:
             max_new_tokens=request.max_new_tokens,
             streaming=True,
             eos_token_id=self.eos_id,
+            **row_choice.request_settings(request.temperature, request.seed, self._device),
         )
         shown = ""
         finished = False  # by the loop: nothing to cancel

@@ -10,14 +10,15 @@ when it runs alone; a sampled one with a `seed` gets the same text whatever its 
 answer says why it ended (`finish_reason`, as the generate extension names the reasons) and
 how many tokens its prompt and its answer took.
 
-`--handler-options batching=continuous` runs greedy requests (temperature 0) through an
-iteration-level batching loop instead (`continuous.TokenLoop`, transformers' continuous
-batching with a paged KV cache of `cache_tokens` tokens, 16 sequences' worth of the context
-by default): requests join and leave the running batch at every token, and the model server
-streams each one's tokens as they come (`stream`). `scheduler` says what a step holds
-(`prefill_alone` by default: new prompts in steps of their own) and `step_tokens` how many
-query tokens at most. Sampled requests and batches sent as batches (`/infer`) keep the
-static way.
+`--handler-options batching=continuous` runs requests sent one at a time (the generate
+routes), greedy and sampled alike, through an iteration-level batching loop instead
+(`continuous.TokenLoop`, transformers' continuous batching with a paged KV cache of
+`cache_tokens` tokens, 16 sequences' worth of the context by default): requests join and
+leave the running batch at every token, and the model server streams each one's tokens as
+they come (`stream`). `scheduler` says what a step holds (`prefill_alone` by default: new
+prompts in steps of their own) and `step_tokens` how many query tokens at most. A sampled
+request draws the same tokens from its seed either way (`sampling`). Batches sent as
+batches (`/infer`) keep the static way.
 
 What one item may ask is bounded in the metadata, from the loaded model's context, so the
 sidecar refuses the rest before queueing: the prompt's bytes (PROMPT_BYTES_PER_TOKEN per
@@ -40,6 +41,7 @@ import torch
 from carpool.contract import generation
 from carpool.contract.metadata import Metadata, TensorSpec
 from carpool.contract.wire import BYTES, Item, Tensor
+from carpool_model_server import sampling
 from carpool_model_server.errors import InvalidItem
 from carpool_model_server.handler import (
     Handler,
@@ -197,12 +199,10 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         self.metadata = dataclasses.replace(self.metadata, streams_tokens=True)
 
     def stream(self, item: Item) -> AsyncGenerator[Piece, None] | None:
-        """The item's answer as it is generated, through the token loop; None when the item
-        takes the static way (sampling, or no loop). InvalidItem for an item it refuses."""
+        """The item's answer as it is generated, through the token loop; None without a
+        loop (the static way). InvalidItem for an item it refuses."""
         request = self._request(item)
-        if self.loop is None or request.temperature > 0:
-            return None
-        return self.loop.generate(request)
+        return None if self.loop is None else self.loop.generate(request)
 
     def loop_state(self) -> LoopState | None:
         return None if self.loop is None else self.loop.state()
@@ -339,37 +339,22 @@ def finish(tokenizer: Any, eos_id: int | None, new_ids: list[int], request: Requ
 
 
 class _RowSampling:
-    """Picks each row's next token and leaves only it: the argmax for a greedy row (0), a
-    draw at the row's own temperature from the row's own generator otherwise, seeded with
-    the request's seed (or from torch's global one). A seeded request so gets the same text
-    whatever shares its batch.
-
-    The logits are shifted so that their maximum is 0 before the division, in float32: the
-    quotients are then at most 0, never infinite at the top, and softmax gets no `inf - inf`
-    however small the temperature (a tiny one leaves only the argmax, as greedy does).
-    """
+    """Leaves each row only its next token, chosen by `sampling.choose`: the argmax for a
+    greedy row (0), a draw at the row's own temperature from the row's own generator
+    otherwise, seeded with the request's seed. A seeded request so gets the same text
+    whatever shares its batch."""
 
     def __init__(self, requests: list[Request], device: torch.device) -> None:
-        values = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
-        self.greedy = (values == 0).to(device)
-        self.divisor = torch.where(values == 0, torch.ones_like(values), values).unsqueeze(1)
-        self.divisor = self.divisor.to(device)
-        self.generators: dict[int, torch.Generator] = {}
-        for row, request in enumerate(requests):
-            if request.temperature > 0:
-                seed = request.seed
-                if seed is None:
-                    seed = int(torch.randint(0, 2**62, ()))
-                self.generators[row] = torch.Generator(device=device).manual_seed(seed)
+        temperatures = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
+        self.temperatures = temperatures.to(device)
+        self.generators = {
+            row: sampling.generator(request.seed, device)
+            for row, request in enumerate(requests)
+            if request.temperature > 0
+        }
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float()
-        top = logits.max(dim=-1, keepdim=True).values
-        probabilities = torch.softmax((logits - top) / self.divisor, dim=-1)
-        chosen = scores.argmax(dim=-1, keepdim=True)
-        for row, generator in self.generators.items():
-            chosen[row] = torch.multinomial(probabilities[row], 1, generator=generator)
-        return torch.full_like(logits, -torch.inf).scatter(1, chosen, 0.0)
+        return sampling.only(scores, sampling.choose(scores, self.temperatures, self.generators))
 
 
 class _RowStop:
