@@ -373,10 +373,12 @@ def _answer_bytes(parts: Mapping[str, Sequence[Tensor]], binary: frozenset[str])
     """The most bytes the answer takes, from the items' outputs, before they are joined."""
     total = 0
     for name, tensors in parts.items():
-        elements = sum(tensor.element_count for tensor in tensors)
-        element_bytes = sum(
-            sum(map(len, tensor.data)) for tensor in tensors if isinstance(tensor.data, list)
-        )
+        # One pass, no generators: this runs for every answer.
+        elements = element_bytes = 0
+        for tensor in tensors:
+            elements += tensor.element_count
+            if isinstance(tensor.data, list):
+                element_bytes += sum(map(len, tensor.data))
         total += output_bytes(tensors[0].datatype, elements, element_bytes, name in binary)
     return total
 
