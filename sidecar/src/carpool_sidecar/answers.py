@@ -70,18 +70,10 @@ class AnswerBudget:
     ) -> None:
         self.max_answer_bytes = max_answer_bytes
         self.max_unsent_bytes = max_unsent_bytes
-        self._gauge = gauge
-        self._unsent = 0
-
-    @property
-    def unsent(self) -> int:
-        return self._unsent
-
-    @unsent.setter
-    def unsent(self, nbytes: int) -> None:
-        self._unsent = nbytes
-        if self._gauge is not None:
-            self._gauge.set(nbytes)
+        self.unsent = 0
+        if gauge is not None:
+            # Read when scraped: setting it (a lock) twice per answer cost more.
+            gauge.set_function(lambda: self.unsent)
 
     def check(self, nbytes: int, limit: int) -> None:
         """PayloadTooLarge when an answer of `nbytes` is over this front's `limit` or the

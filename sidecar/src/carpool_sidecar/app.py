@@ -89,8 +89,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         return error_response(500, INTERNAL_MESSAGE)
 
 
-async def read_body(request: web.Request, deadline: float) -> bytearray:
-    sidecar = request.app[SIDECAR]
+async def read_body(request: web.Request, sidecar: Front, deadline: float) -> bytearray:
     return await reading.read_body(
         request.content,
         request.content_length,
@@ -101,15 +100,16 @@ async def read_body(request: web.Request, deadline: float) -> bytearray:
     )
 
 
-def check_model(request: web.Request) -> DataPlane:
+def check_model(request: web.Request, sidecar: Front) -> DataPlane:
     """The data plane, once the path names its model (and version, if any)."""
-    dataplane = request.app[SIDECAR].dataplane
+    dataplane = sidecar.dataplane
     dataplane.check_model(request.match_info["name"], request.match_info.get("version"))
     return dataplane
 
 
 async def send_answer(
     request: web.Request,
+    sidecar: Front,
     held: Held | None,
     encode: Callable[[], tuple[Sequence[bytes | memoryview], dict[str, str]]],
 ) -> web.StreamResponse:
@@ -117,7 +117,7 @@ async def send_answer(
     once it never will be."""
     try:
         parts, extra = encode()
-        return await request.app[SIDECAR].sending.send(request, parts, extra)
+        return await sidecar.sending.send(request, parts, extra)
     finally:
         if held is not None:
             held.release()
@@ -126,37 +126,43 @@ async def send_answer(
 async def v2_infer(request: web.Request) -> web.StreamResponse:
     # The deadline counts from here, not from when the body has been read and parsed.
     arrived_at = asyncio.get_running_loop().time()
-    dataplane = check_model(request)
+    # Looked up once: each `request.app` is a property call.
+    sidecar = request.app[SIDECAR]
+    dataplane = check_model(request, sidecar)
     timeout_ms = headers.timeout_ms(request.headers)
     header_length = headers.json_header_length(request.headers)
-    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
-    infer_request = await request.app[SIDECAR].converter.run(
+    body = await read_body(request, sidecar, dataplane.deadline(arrived_at, timeout_ms))
+    infer_request = await sidecar.converter.run(
         len(body), lambda: oip.parse_request(body, header_length, dataplane.bounds())
     )
-    answer_limit = request.app[SIDECAR].config.max_answer_bytes
+    answer_limit = sidecar.config.max_answer_bytes
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at, answer_limit)
-    return await send_answer(request, response.held, lambda: oip.encode_response(response))
+    return await send_answer(request, sidecar, response.held, lambda: oip.encode_response(response))
 
 
 async def v1_predict(request: web.Request) -> web.StreamResponse:
     arrived_at = asyncio.get_running_loop().time()
-    dataplane = check_model(request)
+    sidecar = request.app[SIDECAR]
+    dataplane = check_model(request, sidecar)
     timeout_ms = headers.timeout_ms(request.headers)
-    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    body = await read_body(request, sidecar, dataplane.deadline(arrived_at, timeout_ms))
     metadata, bounds = dataplane.metadata(), dataplane.bounds()
-    infer_request = await request.app[SIDECAR].converter.run(
+    infer_request = await sidecar.converter.run(
         len(body), lambda: kserve_v1.parse_request(body, metadata, bounds)
     )
-    answer_limit = request.app[SIDECAR].config.max_answer_bytes
+    answer_limit = sidecar.config.max_answer_bytes
     response = await dataplane.infer(infer_request, timeout_ms, arrived_at, answer_limit)
     encoded = kserve_v1.encode_response
-    return await send_answer(request, response.held, lambda: _json_parts(encoded(response)))
+    return await send_answer(
+        request, sidecar, response.held, lambda: _json_parts(encoded(response))
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateCall:
     """A generate request read and parsed, with what the data plane needs to answer it."""
 
+    sidecar: Front
     dataplane: DataPlane
     request: GenerateRequest
     timeout_ms: float | None
@@ -166,12 +172,13 @@ class GenerateCall:
 
 async def read_generate(request: web.Request) -> GenerateCall:
     arrived_at = asyncio.get_running_loop().time()
-    dataplane = check_model(request)
+    sidecar = request.app[SIDECAR]
+    dataplane = check_model(request, sidecar)
     timeout_ms = headers.timeout_ms(request.headers)
-    body = await read_body(request, dataplane.deadline(arrived_at, timeout_ms))
+    body = await read_body(request, sidecar, dataplane.deadline(arrived_at, timeout_ms))
     generate_request = oip_generate.parse_request(body, dataplane.metadata())
-    answer_limit = request.app[SIDECAR].config.max_answer_bytes
-    return GenerateCall(dataplane, generate_request, timeout_ms, arrived_at, answer_limit)
+    answer_limit = sidecar.config.max_answer_bytes
+    return GenerateCall(sidecar, dataplane, generate_request, timeout_ms, arrived_at, answer_limit)
 
 
 async def v2_generate(request: web.Request) -> web.StreamResponse:
@@ -180,7 +187,9 @@ async def v2_generate(request: web.Request) -> web.StreamResponse:
         call.request, call.timeout_ms, call.arrived_at, call.answer_limit
     )
     encoded, extra = oip_generate.encode_response, oip_generate.answer_headers(call.request)
-    return await send_answer(request, response.held, lambda: _json_parts(encoded(response), extra))
+    return await send_answer(
+        request, call.sidecar, response.held, lambda: _json_parts(encoded(response), extra)
+    )
 
 
 async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
@@ -244,7 +253,7 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    dataplane = check_model(request)
+    dataplane = check_model(request, request.app[SIDECAR])
     metadata = dataplane.metadata()
     return json_response(
         bodies.ModelMetadata(
@@ -262,14 +271,14 @@ def _tensor(spec: TensorSpec) -> bodies.TensorMetadata:
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    dataplane = check_model(request)
+    dataplane = check_model(request, request.app[SIDECAR])
     is_ready = dataplane.ready
     body = bodies.ModelReady(name=dataplane.model_name, ready=is_ready)
     return json_response(body, status=200 if is_ready else 503)
 
 
 async def batching(request: web.Request) -> web.Response:
-    dataplane = check_model(request)
+    dataplane = check_model(request, request.app[SIDECAR])
     return json_response(bodies.Batching(batching=dataplane.batcher.settings.as_file()))
 
 
@@ -348,6 +357,8 @@ def front_app(front: Front) -> web.Application:
     app[SIDECAR] = front
     app.cleanup_ctx.append(background)
     app.on_response_prepare.append(close_when_stopping)
-    for method, path, handler, _, name in ROUTES:
+    # Inference routes first: aiohttp tries the routes under a path's prefix in the order
+    # they were added, and no two routes match one path.
+    for method, path, handler, _, name in sorted(ROUTES, key=lambda route: route[4] is None):
         app.router.add_route(method, path, handler, name=name)
     return app

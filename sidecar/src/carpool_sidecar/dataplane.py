@@ -107,9 +107,10 @@ class DataPlane:
     def deadline(self, arrived_at: float, *timeouts_ms: float | None) -> float:
         """Loop time by which a request that arrived at `arrived_at` is answered: the
         shortest of the configured timeout and those the caller gave."""
-        timeout_ms = min(
-            value for value in (self.batcher.settings.timeout_ms, *timeouts_ms) if value is not None
-        )
+        timeout_ms = self.batcher.settings.timeout_ms
+        for value in timeouts_ms:
+            if value is not None and value < timeout_ms:
+                timeout_ms = value
         return arrived_at + timeout_ms / 1000
 
     async def infer(
@@ -288,13 +289,10 @@ class DataPlane:
 def _as_column(tensor: RequestTensor, metadata: ModelMetadata) -> RequestTensor:
     """Text shaped [n] for a model that takes [-1, 1], as [n, 1] (as KServe's and MLServer's
     text runtimes accept it)."""
+    if tensor.datatype != BYTES or len(tensor.shape) != 1:
+        return tensor
     spec = metadata.input(tensor.name)
-    if (
-        spec is not None
-        and tensor.datatype == BYTES
-        and spec.shape == (1,)
-        and len(tensor.shape) == 1
-    ):
+    if spec is not None and spec.shape == (1,):
         return dataclasses.replace(tensor, shape=(tensor.items, 1))
     return tensor
 
@@ -375,10 +373,12 @@ def _answer_bytes(parts: Mapping[str, Sequence[Tensor]], binary: frozenset[str])
     """The most bytes the answer takes, from the items' outputs, before they are joined."""
     total = 0
     for name, tensors in parts.items():
-        elements = sum(tensor.element_count for tensor in tensors)
-        element_bytes = sum(
-            sum(map(len, tensor.data)) for tensor in tensors if isinstance(tensor.data, list)
-        )
+        # One pass, no generators: this runs for every answer.
+        elements = element_bytes = 0
+        for tensor in tensors:
+            elements += tensor.element_count
+            if isinstance(tensor.data, list):
+                element_bytes += sum(map(len, tensor.data))
         total += output_bytes(tensors[0].datatype, elements, element_bytes, name in binary)
     return total
 

@@ -71,6 +71,8 @@ class BatchQueue:
         # Unsent items by queue rank, across groups, but for the default level's (most
         # requests'): those are the rest of `items`.
         self._by_priority: dict[int, int] = {}
+        # Read when scraped: setting it (a lock) on every push and take cost more.
+        metrics.queue_items.set_function(lambda: self.items)
 
     def groups(self) -> Iterator[Group]:
         """The groups with a request still waiting."""
@@ -122,7 +124,6 @@ class BatchQueue:
 
     def _count(self, change: int, priority: int) -> None:
         self.items += change
-        self._metrics.queue_items.set(self.items)
         if priority != DEFAULT_RANK:
             left = self._by_priority.get(priority, 0) + change
             if left:

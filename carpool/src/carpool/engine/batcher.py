@@ -131,9 +131,10 @@ class Batcher(Generic[ItemT, ResultT]):
         if self._draining:
             raise Unavailable("the sidecar is shutting down")
         queue_rank = rank(priority)
-        count, limit, byte_limit = len(items), self.bounds.max_items, self.bounds.max_bytes
-        self.bounds.check_items(count)
-        self.bounds.check_bytes(nbytes)
+        bounds = self.bounds
+        count, limit, byte_limit = len(items), bounds.max_items, bounds.max_bytes
+        bounds.check_items(count)
+        bounds.check_bytes(nbytes)
         if self._queue.items + count > limit or self._queue.bytes + nbytes > byte_limit:
             raise QueueFull(
                 f"queue full: {self._queue.items} items ({self._queue.bytes} bytes) queued, "
@@ -167,14 +168,22 @@ class Batcher(Generic[ItemT, ResultT]):
         # Not sent from here: requests that arrive in one turn of the loop (a burst) share
         # the batch the dispatcher forms once they are all queued.
         self._wake.set()
+        # A timer that cancels the future, not asyncio.timeout_at (which also looks up the
+        # task and reschedules): this runs for every request. A cancelled future with the
+        # task itself not being cancelled is the deadline.
+        expiry = self._loop.call_at(deadline, request.future.cancel)
         try:
-            async with asyncio.timeout_at(deadline):
-                results = await request.future
-        except TimeoutError:
+            results = await request.future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
             waited_ms = 1000 * (time.monotonic() - now)
             raise DeadlineExceeded(
                 f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
             ) from None
+        finally:
+            expiry.cancel()
         if predicted is not None:
             self._objective.answered(predicted, time.monotonic())
         return results

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import TracebackType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -198,10 +198,9 @@ class SidecarMetrics:
         if self._objective_s and code < 300 and seconds <= self._objective_s:
             self.within_objective.inc()
 
-    @contextmanager
     def answering(
         self, protocol: str, clock: Callable[[], float], started: float | None = None
-    ) -> Iterator[Answer]:
+    ) -> Answering:
         """Count one request once, however it ends: the one place every front (REST, gRPC,
         `carpool.batch`) counts its answers.
 
@@ -210,18 +209,46 @@ class SidecarMetrics:
         whose front never answered (cancelled: the caller left) counts as CLIENT_GONE. Its
         time runs from `started` (default: now) by `clock`.
         """
-        answer = Answer()
-        begun = clock() if started is None else started
-        try:
-            yield answer
-        except SidecarError as error:
+        return Answering(self, protocol, clock, started)
+
+
+class Answering:
+    """`SidecarMetrics.answering`'s context: a class rather than a generator, as it runs
+    once per request."""
+
+    __slots__ = ("_answer", "_begun", "_clock", "_metrics", "_protocol")
+
+    def __init__(
+        self,
+        metrics: SidecarMetrics,
+        protocol: str,
+        clock: Callable[[], float],
+        started: float | None,
+    ) -> None:
+        self._metrics = metrics
+        self._protocol = protocol
+        self._clock = clock
+        self._begun = started
+        self._answer = Answer()
+
+    def __enter__(self) -> Answer:
+        if self._begun is None:
+            self._begun = self._clock()
+        return self._answer
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        answer = self._answer
+        if isinstance(error, SidecarError):
             answer.status = error.status
             if error.rejected_reason is not None:
-                self.reject(error.rejected_reason)
-            raise
-        except Exception:
-            if answer.status == CLIENT_GONE:  # unless the front said what it answers
-                answer.status = 500
-            raise
-        finally:
-            self.answered(answer.status, clock() - begun, protocol)
+                self._metrics.reject(error.rejected_reason)
+        elif isinstance(error, Exception) and answer.status == CLIENT_GONE:
+            answer.status = 500  # unless the front said what it answers
+        begun = self._begun
+        assert begun is not None
+        self._metrics.answered(answer.status, self._clock() - begun, self._protocol)

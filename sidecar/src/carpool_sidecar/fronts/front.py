@@ -101,6 +101,7 @@ async def serve(link_fd: int, listen_fd: int) -> int:
         site = web.SockSite(runner, socket.socket(fileno=listen_fd))
         await site.start()
         heap.freeze_startup()
+        heap.collect_young_less_often()
         grace_s = await front.batcher.close_asked
         if grace_s is None:
             log.error("the sidecar's batching process is gone; this front stops")
