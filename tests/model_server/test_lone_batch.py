@@ -1,6 +1,7 @@
 """A lone batch whose size last ran briefly runs on the event loop's thread (no hand-off to
 the worker and back); a slow one, one of a size not seen yet, or one beside another batch
-runs on the worker, so the loop stays responsive and the model sees one batch at a time."""
+runs on the worker, so the loop stays responsive and the model sees one batch at a time;
+so does every batch of a handler that says it is bound to one thread."""
 
 from __future__ import annotations
 
@@ -38,8 +39,12 @@ class Recording(StandInHandler):
             self.running -= 1
 
 
-def make_runner(fixed_ms: float) -> tuple[Runner, Recording]:
-    handler = Recording(HandlerSettings(None, torch.float32, 8, {"fixed_ms": str(fixed_ms)}))
+class OneThread(Recording):
+    one_thread = True
+
+
+def make_runner(fixed_ms: float, kind: type[Recording] = Recording) -> tuple[Runner, Recording]:
+    handler = kind(HandlerSettings(None, torch.float32, 8, {"fixed_ms": str(fixed_ms)}))
     return Runner(handler, torch.device("cpu"), ModelMetrics.create("stand-in"), 8), handler
 
 
@@ -114,3 +119,14 @@ async def test_a_cancelled_caller_leaves_its_batch_running_on_the_worker() -> No
     finally:
         runner.close()
     assert not handler.overlapped
+
+
+async def test_a_handler_bound_to_one_thread_runs_every_batch_on_the_worker() -> None:
+    runner, handler = make_runner(fixed_ms=0.5, kind=OneThread)
+    await runner.load(1, [1])
+    try:
+        for _ in range(3):
+            await runner.run(items(1))
+    finally:
+        runner.close()
+    assert len(set(handler.threads)) == 1 and threading.get_ident() not in handler.threads

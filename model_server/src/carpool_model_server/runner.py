@@ -139,10 +139,11 @@ class Runner:
     def _runs_on_loop(self, items: Sequence[Item]) -> bool:
         """Whether this batch runs on the loop's thread: nothing runs or waits on the worker
         (a batch beside others keeps the worker's overlap with the loop), no preprocess
-        thread, and its size's last run was brief."""
+        thread, a handler that may run on another thread, and its size's last run brief."""
         return (
             self._worker.idle
             and self._preparer is None
+            and not self.handler.one_thread
             and self._took.get(len(items), math.inf) <= LOOP_RUN_MAX_S
         )
 
