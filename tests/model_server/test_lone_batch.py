@@ -1,7 +1,7 @@
-"""A lone batch whose size last ran briefly runs on the event loop's thread (no hand-off to
-the worker and back); a slow one, one of a size not seen yet, or one beside another batch
-runs on the worker, so the loop stays responsive and the model sees one batch at a time;
-so does every batch of a handler that says it is bound to one thread."""
+"""A lone batch of one item that last ran briefly runs on the event loop's thread (no
+hand-off to the worker and back); a slow one, one not seen yet, one of several items or one
+beside another batch runs on the worker, so the loop stays responsive and the model sees
+one batch at a time; so does every batch of a handler that says it is bound to one thread."""
 
 from __future__ import annotations
 
@@ -62,18 +62,18 @@ async def slow_batch_started(runner: Runner, handler: Recording) -> asyncio.Task
     return batch
 
 
-async def test_a_lone_brief_batch_runs_on_the_loop_thread_once_its_size_ran_briefly() -> None:
+async def test_a_lone_brief_batch_of_one_runs_on_the_loop_thread_once_seen_brief() -> None:
     runner, handler = make_runner(fixed_ms=0.5)
-    await runner.load(1, [1])  # warm-up runs size 1 on the worker: brief
+    await runner.run(items(1))  # not seen yet: the worker
+    await runner.load(1, [1, 2])  # warm-up runs each size on the worker: brief
     try:
         results = await runner.run(items(1))
-        await runner.run(items(2))  # no run of 2 items yet: the worker
-        await runner.run(items(2))  # now seen brief
+        await runner.run(items(2))  # two items: the worker, however brief
     finally:
         runner.close()
     loop_thread = threading.get_ident()
     assert results[0].outputs is not None
-    assert [t == loop_thread for t in handler.threads] == [False, True, False, True]
+    assert [t == loop_thread for t in handler.threads] == [False, False, False, True, False]
 
 
 async def test_the_loop_stays_responsive_while_a_slow_lone_batch_runs() -> None:

@@ -2,10 +2,10 @@
 
 Model work (load, warm-up, forward passes) happens on that one thread, so the event loop
 keeps answering health checks and the model never sees two batches at once. The exception is
-a lone batch, with the worker idle and no preprocess thread, of a size whose last run took
-at most `LOOP_RUN_MAX_S`: it runs on the loop's own thread, which blocks the loop no longer
-than about that and spares the wake-up of the worker and the loop's wake-up back (at one
-caller, a quarter of the model server's CPU per batch and a part of its latency). When the
+a lone batch of one item, with the worker idle and no preprocess thread, where the last
+such batch took at most `LOOP_RUN_MAX_S`: it runs on the loop's own thread, which blocks the
+loop no longer than about that and spares the wake-up of the worker and the loop's wake-up
+back (at one caller, a quarter of the model server's CPU per batch). When the
 handler allows it, `preprocess` runs on a second thread: batch n+1 is tokenized (and copied
 to the GPU) while batch n runs; on a pool of one thread per pod CPU where the handler says
 its preprocess runs concurrently (`Handler.preprocess_concurrently`). Failures are
@@ -43,9 +43,12 @@ from carpool_model_server.worker_thread import WorkerThread
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
-# A lone batch whose size last ran within this runs on the event loop's thread: a health
-# probe, a cancel or a new frame waits at most about this long.
+# A lone batch of one item that last ran within this runs on the event loop's thread: a
+# health probe, a cancel or a new frame waits at most about this long. Larger batches mean
+# load: the next frame is likely waiting, and it would neither be read and decoded while
+# this one runs nor have its wait counted as queued (the sidecar would learn a longer hop).
 LOOP_RUN_MAX_S = 0.005
+LOOP_RUN_MAX_ITEMS = 1
 
 
 class Runner:
@@ -139,9 +142,10 @@ class Runner:
     def _runs_on_loop(self, items: Sequence[Item]) -> bool:
         """Whether this batch runs on the loop's thread: nothing runs or waits on the worker
         (a batch beside others keeps the worker's overlap with the loop), no preprocess
-        thread, a handler that may run on another thread, and its size's last run brief."""
+        thread, a handler that may run on another thread, one item, whose last run was brief."""
         return (
-            self._worker.idle
+            len(items) <= LOOP_RUN_MAX_ITEMS
+            and self._worker.idle
             and self._preparer is None
             and not self.handler.one_thread
             and self._took.get(len(items), math.inf) <= LOOP_RUN_MAX_S
