@@ -1,11 +1,11 @@
 """Runs batches through a handler on one dedicated worker thread, preprocess pipelined ahead.
 
 Model work (load, warm-up, forward passes) happens on that one thread, so the event loop
-keeps answering health checks and the model never sees two batches at once. The exception is
-a lone batch of one item, with the worker idle and no preprocess thread, where the last
-such batch took at most `LOOP_RUN_MAX_S`: it runs on the loop's own thread, which blocks the
-loop no longer than about that and spares the wake-up of the worker and the loop's wake-up
-back (at one caller, a quarter of the model server's CPU per batch). When the
+keeps answering health checks and the model never sees two batches at once. The exception
+is a lone batch of one item, with the worker idle and no preprocess thread, where the last
+such batch took at most `LOOP_RUN_MAX_S`: it runs on the loop's own thread, which blocks
+the loop no longer than about that and spares the wake-up of the worker and the loop's
+wake-up back (at one caller, 12 to 30 % of the model server's CPU per batch). When the
 handler allows it, `preprocess` runs on a second thread: batch n+1 is tokenized (and copied
 to the GPU) while batch n runs; on a pool of one thread per pod CPU where the handler says
 its preprocess runs concurrently (`Handler.preprocess_concurrently`). Failures are
