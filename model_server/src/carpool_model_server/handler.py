@@ -79,6 +79,9 @@ class Handler(ABC, Generic[BatchT, OutputsT]):
     # threads: it is thread-safe and spends its time where the GIL is released (a Hugging
     # Face fast tokenizer). Batches are then prepared on as many cores as the pod has.
     preprocess_concurrently: ClassVar[bool] = False
+    # True when `load`, `infer` and `postprocess` must share one thread (state bound to the
+    # thread that loaded the model): no batch then runs on the event loop's thread.
+    one_thread: ClassVar[bool] = False
     # The keys of `settings.options` the handler takes; others are refused.
     options: ClassVar[frozenset[str]] = frozenset()
 

@@ -26,8 +26,16 @@ class WorkerThread:
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
+        # Calls given and not yet finished (run, skipped or cancelled), counted on the loop:
+        # a caller cancelled while its call runs leaves the count up until the call ends.
+        self._unfinished = 0
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """No call given to the thread is waiting or running (read on the loop's thread)."""
+        return not self._unfinished
 
     async def call(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """`function(*args, **kwargs)` on the thread. Cancelled before it starts, it never
@@ -36,6 +44,7 @@ class WorkerThread:
             raise RuntimeError("the worker thread is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
+        self._unfinished += 1
         self._jobs.put((loop, future, functools.partial(function, *args, **kwargs)))
         return await future
 
@@ -50,28 +59,27 @@ class WorkerThread:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             loop, future, function = job
+            result: Any = None
+            error: BaseException | None = None
             if self._closed:
-                _answer(loop, future.cancel)
-                continue
-            if future.cancelled():  # read across threads: at worst a cancelled call runs
-                continue
-            try:
-                result = function()
-            except BaseException as error:  # the caller's to handle, as an executor does
-                _answer(loop, _settle, future, None, error)
-            else:
-                _answer(loop, _settle, future, result, None)
+                error = asyncio.CancelledError()
+            elif not future.cancelled():  # read across threads: at worst a cancelled call runs
+                try:
+                    result = function()
+                except BaseException as raised:  # the caller's to handle, as an executor does
+                    error = raised
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(self._settle, future, result, error)
 
-
-def _answer(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-        loop.call_soon_threadsafe(callback, *args)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
+    def _settle(
+        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+    ) -> None:
+        self._unfinished -= 1
+        if future.cancelled():
+            return
+        if isinstance(error, asyncio.CancelledError):
+            future.cancel()
+        elif error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)

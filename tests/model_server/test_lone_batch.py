@@ -1,0 +1,132 @@
+"""A lone batch of one item that last ran briefly runs on the event loop's thread (no
+hand-off to the worker and back); a slow one, one not seen yet, one of several items or one
+beside another batch runs on the worker, so the loop stays responsive and the model sees
+one batch at a time; so does every batch of a handler that says it is bound to one thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from carpool.contract.wire import Item, Tensor
+from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler_stand_in import Rows, StandInHandler
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
+
+
+class Recording(StandInHandler):
+    """The stand-in; records the thread of each forward pass and any overlap of two."""
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        super().__init__(settings)
+        self.threads: list[int] = []
+        self.running = 0
+        self.overlapped = False
+
+    def infer(self, batch: Rows) -> Rows:
+        self.threads.append(threading.get_ident())
+        self.running += 1
+        self.overlapped |= self.running > 1
+        try:
+            return super().infer(batch)
+        finally:
+            self.running -= 1
+
+
+class OneThread(Recording):
+    one_thread = True
+
+
+def make_runner(fixed_ms: float, kind: type[Recording] = Recording) -> tuple[Runner, Recording]:
+    handler = kind(HandlerSettings(None, torch.float32, 8, {"fixed_ms": str(fixed_ms)}))
+    return Runner(handler, torch.device("cpu"), ModelMetrics.create("stand-in"), 8), handler
+
+
+def items(count: int) -> list[Item]:
+    return [{"input": Tensor.from_numpy(np.full(4, i, dtype=np.float32))} for i in range(count)]
+
+
+async def slow_batch_started(runner: Runner, handler: Recording) -> asyncio.Task[object]:
+    """A batch of a size not seen yet, taking 100 ms on the worker, started; later batches
+    take 0.5 ms again."""
+    handler.timing = replace(handler.timing, fixed_ms=100)
+    batch = asyncio.create_task(runner.run(items(3)))
+    await asyncio.sleep(0.02)
+    handler.timing = replace(handler.timing, fixed_ms=0.5)
+    return batch
+
+
+async def test_a_lone_brief_batch_of_one_runs_on_the_loop_thread_once_seen_brief() -> None:
+    runner, handler = make_runner(fixed_ms=0.5)
+    await runner.run(items(1))  # not seen yet: the worker
+    await runner.load(1, [1, 2])  # warm-up runs each size on the worker: brief
+    try:
+        results = await runner.run(items(1))
+        await runner.run(items(2))  # two items: the worker, however brief
+    finally:
+        runner.close()
+    loop_thread = threading.get_ident()
+    assert results[0].outputs is not None
+    assert [t == loop_thread for t in handler.threads] == [False, False, False, True, False]
+
+
+async def test_the_loop_stays_responsive_while_a_slow_lone_batch_runs() -> None:
+    runner, handler = make_runner(fixed_ms=400)
+    await runner.load(1, [1])  # learns that a batch of one takes 400 ms
+    try:
+        batch = asyncio.create_task(runner.run(items(1)))
+        await asyncio.sleep(0)  # the batch starts
+        started = time.monotonic()
+        await asyncio.sleep(0.01)  # as a health probe's handler would
+        waited = time.monotonic() - started
+        assert (await batch)[0].outputs is not None
+    finally:
+        runner.close()
+    assert waited < 0.2
+    assert threading.get_ident() not in handler.threads
+
+
+async def test_a_batch_beside_another_in_flight_waits_for_the_worker() -> None:
+    runner, handler = make_runner(fixed_ms=0.5)
+    await runner.load(1, [1])
+    try:
+        first = await slow_batch_started(runner, handler)
+        second = await runner.run(items(1))  # a brief size, not to run beside it
+        await first
+    finally:
+        runner.close()
+    assert second[0].outputs is not None
+    assert not handler.overlapped
+    assert threading.get_ident() not in handler.threads[1:]
+
+
+async def test_a_cancelled_caller_leaves_its_batch_running_on_the_worker() -> None:
+    """Cancelling the caller does not free the model: the next lone batch waits its turn."""
+    runner, handler = make_runner(fixed_ms=0.5)
+    await runner.load(1, [1])
+    try:
+        first = await slow_batch_started(runner, handler)
+        first.cancel()
+        await asyncio.wait([first])  # its caller is gone; its batch still runs
+        assert first.cancelled()
+        await runner.run(items(1))
+    finally:
+        runner.close()
+    assert not handler.overlapped
+
+
+async def test_a_handler_bound_to_one_thread_runs_every_batch_on_the_worker() -> None:
+    runner, handler = make_runner(fixed_ms=0.5, kind=OneThread)
+    await runner.load(1, [1])
+    try:
+        for _ in range(3):
+            await runner.run(items(1))
+    finally:
+        runner.close()
+    assert len(set(handler.threads)) == 1 and threading.get_ident() not in handler.threads
