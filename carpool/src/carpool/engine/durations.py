@@ -14,7 +14,10 @@ A model slows down when other work takes the cores and speeds up when they are g
 and under load only a few sizes run: so the line follows the sizes seen lately, and a size
 not seen for HORIZON_S counts for little (STALE of a recent sample per sample), giving the
 line its slope where the recent sizes do not. Ages are counted to the newest batch, so an
-idle spell forgets nothing.
+idle spell forgets nothing. Each size's median still needs a few batches of that size, so
+the line is scaled by the pace of the last PACE_BATCHES batches, whatever their sizes: the
+median of each one's time against what the line says for its size (1 once the line has
+caught up), which follows a model that slows or speeds as a whole within a few batches.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ STALE = 1 / 256
 # The first sample of a size counts at most this many times what the line predicts for it
 # (or this fraction of it), once the line is known.
 CLIP = 2.0
+# The last batches, of any size, whose pace against the line scales it: the median of 3
+# follows a change in two, and one stalled batch moves it one rank.
+PACE_BATCHES = 3
 
 
 def lower_median(samples: list[float]) -> float:
@@ -95,6 +101,8 @@ class DurationFit:
         self.per_item_s = 0.0
         self.mean_size = 0.0  # of the sizes seen, weighted as in the line: where it is surest
         self._newest = -float("inf")  # when the newest batch ended
+        self._line = (0.0, 0.0)  # fixed and per item, before the pace
+        self._last: deque[tuple[int, float]] = deque(maxlen=PACE_BATCHES)  # size, seconds
 
     @property
     def known(self) -> bool:
@@ -119,22 +127,33 @@ class DurationFit:
             entry = self._sizes[size] = SizeSamples()
         entry.add(seconds, at)
         self._newest = max(self._newest, at)
-        self._fit()
+        self._last.append((size, seconds))
+        self._line = self._fit()
+        self._pace()
 
     def predict(self, size: int) -> float:
         return self.fixed_s + self.per_item_s * size
 
-    def _fit(self) -> None:
-        """Weighted least squares; neither part may be negative."""
+    def _pace(self) -> None:
+        """The line scaled by the median of the last batches' times against it."""
+        fixed, per_item = self._line
+        ratios = [
+            seconds / line for size, seconds in self._last if (line := fixed + per_item * size) > 0
+        ]
+        pace = lower_median(ratios) if ratios else 1.0
+        self.fixed_s, self.per_item_s = pace * fixed, pace * per_item
+
+    def _fit(self) -> tuple[float, float]:
+        """The line, fixed and per item: weighted least squares; neither part may be
+        negative."""
         for entry in self._sizes.values():
             entry.refresh(self._newest)
         confirmed = [(size, entry) for size, entry in self._sizes.items() if entry.count > 1]
         self._confirmed = bool(confirmed)
         if not confirmed:
             shortest = min(self._sizes, key=lambda size: self._sizes[size].value)
-            self.fixed_s, self.per_item_s = self._sizes[shortest].value, 0.0
             self.mean_size = shortest
-            return
+            return self._sizes[shortest].value, 0.0
         weights = [(size, entry.value, entry.weight) for size, entry in confirmed]
         total = sum(w for _, _, w in weights)
         sx = sum(w * x for x, _, w in weights)
@@ -146,14 +165,12 @@ class DurationFit:
         slope = (total * sxy - sx * sy) / spread if spread > 1e-12 else 0.0
         if slope <= 0:
             # One size seen, or sizes that do not tell cost apart: a flat duration.
-            self.fixed_s, self.per_item_s = sy / total, 0.0
-            return
+            return sy / total, 0.0
         intercept = (sy - slope * sx) / total
         if intercept < 0:
             # Through the origin: all cost grows with the batch.
-            self.fixed_s, self.per_item_s = 0.0, sxy / sxx
-            return
-        self.fixed_s, self.per_item_s = intercept, slope
+            return 0.0, sxy / sxx
+        return intercept, slope
 
 
 class BucketedFit:

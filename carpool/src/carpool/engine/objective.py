@@ -44,7 +44,7 @@ RATE_HORIZON_S = 1.0
 CALIBRATED_SHARE = 0.98
 # How long an answer counts in the lateness margin: a late spell is forgotten this long after
 # it ends, whether answers come on time or none come (everything refused).
-LATENESS_HORIZON_S = 2.0
+LATENESS_HORIZON_S = 1.0
 # The most answers it remembers (the newest): what bounds its work under a high rate.
 LATENESS_ANSWERS = 1024
 # The largest margin, as a share of the objective: answers later than this say the machine
