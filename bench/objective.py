@@ -21,7 +21,9 @@ handler's start to the 429, quantiles as the upper bound of their histogram buck
 them, how late the load generator's own event loop wakes from a 1 ms sleep meanwhile (the
 part of the client's figures that is the client's).
 `--items` sends that many items in each request, to overload in items a model too fast to
-overload in requests.
+overload in requests. `--baseline` (an older checkout with its own .venv) runs its `carpool
+serve` beside this tree's, with and without the objective in the same turns, at the rate
+measured on this tree's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import random
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,28 +210,45 @@ class Plan:
     burst_seconds: float
 
 
-async def run(
-    url: str, prepared: list[workload.PreparedRequest], settings_path: Path, plan: Plan
-) -> None:
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A running `carpool serve` of one tree, and the settings file it reloads."""
+
+    tree: str  # "" for this one
+    url: str
+    settings_path: Path
+
+
+async def run(running: list[Server], prepared: list[workload.PreparedRequest], plan: Plan) -> None:
     clients = min(CAPACITY_CLIENTS, CAPACITY_ITEMS // prepared[0].items)
     objective_ms, timeout_ms, duration = plan.objective_ms, plan.timeout_ms, plan.duration
     connector = aiohttp.TCPConnector(limit=4096)
     async with aiohttp.ClientSession(connector=connector) as session:
-        send = TimedSend(runner.make_sender(session, url, prepared))
-        # No deadline while the capacity is measured: 504s would understate it.
-        write(settings_path, 0, 30_000)
+        sends = {
+            server.tree: TimedSend(runner.make_sender(session, server.url, prepared))
+            for server in running
+        }
+        for server in running:
+            # No deadline while the capacity is measured: 504s would understate it.
+            write(server.settings_path, 0, 30_000)
         await asyncio.sleep(SETTLE_S)
-        await closed_loop(send, clients, duration=2.0)  # warm-up
-        measured = await closed_loop(send, clients, duration=duration)
+        for send in sends.values():
+            await closed_loop(send, clients, duration=2.0)  # warm-up
+        measured = await closed_loop(sends[running[0].tree], clients, duration=duration)
         ok = sum(o.status == 200 for o in measured.outcomes)
         capacity = ok / measured.wall_seconds
         print(f"capacity: {capacity:.1f} requests/s at {clients} clients", flush=True)
         rng = random.Random(0)
         results: dict[tuple[str, str], list[Figures]] = {}
         for number in range(plan.rounds):
-            variants = [("none", 0.0), (f"{objective_ms:g} ms", objective_ms)]
-            for name, objective in variants if number % 2 == 0 else variants[::-1]:
-                write(settings_path, objective, timeout_ms)
+            variants = [
+                (server, f"{server.tree}{name}", objective)
+                for server in running
+                for name, objective in (("none", 0.0), (f"{objective_ms:g} ms", objective_ms))
+            ]
+            for server, name, objective in variants if number % 2 == 0 else variants[::-1]:
+                url, send = server.url, sends[server.tree]
+                write(server.settings_path, objective, timeout_ms)
                 await asyncio.sleep(SETTLE_S)
                 # Let the queue of the last run drain, and the engine see a few batches.
                 await closed_loop(send, 4, duration=1.0)
@@ -258,7 +278,7 @@ async def run(
                     )
                     results.setdefault((load, name), []).append(got)
                     print(
-                        f"round {number + 1} {load:>12} objective {name:>7}: {got} "
+                        f"round {number + 1} {load:>12} objective {name:>12}: {got} "
                         f"({time.monotonic() - started:.0f} s)",
                         flush=True,
                     )
@@ -267,7 +287,7 @@ async def run(
         print("\nmedians over rounds:")
         for (load, name), runs in results.items():
             print(
-                f"{load:>12} objective {name:>7}: requests {med(r.requests for r in runs):6.0f}"
+                f"{load:>12} objective {name:>12}: requests {med(r.requests for r in runs):6.0f}"
                 f"  within {objective_ms:g} ms {100 * med(r.within for r in runs):5.1f} %"
                 f" (of answered {100 * med(r.within_answered for r in runs):5.1f} %,"
                 f" as the sidecar times them {100 * med(r.sidecar_within for r in runs):5.1f} %)"
@@ -299,6 +319,12 @@ async def run(
 @click.option("--burst-base", default=0.5, show_default=True, help="times the capacity")
 @click.option("--burst-factor", default=10.0, show_default=True)
 @click.option("--burst-seconds", default=20.0, show_default=True)
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="an older checkout with its own .venv, run beside this tree in the same turns",
+)
 def main(
     handler: str,
     handler_options: str,
@@ -315,6 +341,7 @@ def main(
     burst_base: float,
     burst_factor: float,
     burst_seconds: float,
+    baseline: Path | None,
 ) -> None:
     settings = servers.ModelSettings(
         handler,
@@ -327,23 +354,29 @@ def main(
     )
     protocol: workload.Protocol = "oip-binary" if binary else "oip-json"
     prepared = servers.oip_json_load(handler, text_length, items, protocol)
-    with tempfile.TemporaryDirectory(prefix="carpool-objective-") as folder:
-        settings_path = Path(folder) / "batching.json"
-        write(settings_path, 0, timeout_ms)
-        variant = servers.carpool(settings)
-        variant = servers.Variant(
-            "carpool", (*variant.command, "--config-file", str(settings_path))
-        )
-        print(
-            f"{handler} {settings.handler_options} torch threads {torch_threads}, {items} "
-            f"items a request ({protocol}), maxBatchSize {max_batch_size}"
-        )
-        with servers.started(variant, Path(folder) / "serve.log", timeout_s=300) as server:
-            plan = Plan(
-                objective_ms, timeout_ms, rounds, duration, overload, burst_base,
-                burst_factor, burst_seconds,
-            )  # fmt: skip
-            asyncio.run(run(server.url, prepared, settings_path, plan))
+    carpool = servers.carpool(settings).command
+    trees = {"": carpool}
+    if baseline is not None:
+        python = str(baseline / ".venv" / "bin" / "python")
+        trees["base "] = (python, "-m", "carpool", *carpool[carpool.index("serve") :])
+    print(
+        f"{handler} {settings.handler_options} torch threads {torch_threads}, {items} "
+        f"items a request ({protocol}), maxBatchSize {max_batch_size}"
+    )
+    plan = Plan(
+        objective_ms, timeout_ms, rounds, duration, overload, burst_base, burst_factor,
+        burst_seconds,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="carpool-objective-") as folder, ExitStack() as stack:
+        serving = []
+        for index, (tree, command) in enumerate(trees.items()):
+            settings_path = Path(folder) / f"batching-{index}.json"
+            write(settings_path, 0, timeout_ms)
+            variant = servers.Variant("carpool", (*command, "--config-file", str(settings_path)))
+            log_path = Path(folder) / f"serve-{index}.log"
+            server = stack.enter_context(servers.started(variant, log_path, timeout_s=300))
+            serving.append(Server(tree, server.url, settings_path))
+        asyncio.run(run(serving, prepared, plan))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Starts two models, each a toy model server with variable-length input (ragged_ha
 its sidecar (`support.sidecar.run_pair`), and Prometheus scraping all four. The busy model `toy`
 gets `carpool bench` for a bounded time alongside a few clients sending items of varying length
 (so batches get padded), plus a few malformed requests so that rejection counters move; the
-quiet model gets one slow client, so that per-model panels have two models to keep apart.
+quiet model gets one slow client, so that per-model panels have two models to keep apart. Then
+each model gets bursts of requests more than its queue holds, so that it refuses some (429).
 Everything is stopped on exit.
 """
 
@@ -44,6 +45,11 @@ IDLE_S = 4 * SCRAPE_INTERVAL_S
 IDLE_RATE_INTERVAL = "3s"
 RAGGED_CLIENTS = 4
 QUIET_PAUSE_S = 0.05
+# Each sidecar's --max-queue-items: more than the load's clients keep queued, less than a burst.
+MAX_QUEUE_ITEMS = 32
+# A burst: this many requests of MAX_QUEUE_ITEMS items at once, sent until one is refused.
+BURST_REQUESTS = 16
+BURST_TRIES = 20
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,27 @@ def _quiet_requests(sidecar_url: str, seconds: float) -> int:
     return sent
 
 
+def _refused_bursts(sidecar_url: str, model: str) -> int:
+    """Bursts of BURST_REQUESTS requests that each fill the queue, until some are refused (429);
+    returns how many were."""
+    tensor = {
+        "name": "input",
+        "datatype": "FP32",
+        "shape": [MAX_QUEUE_ITEMS, 4],
+        "data": [1.0] * (4 * MAX_QUEUE_ITEMS),
+    }
+    body = json.dumps({"inputs": [tensor]}).encode()
+    with ThreadPoolExecutor(max_workers=BURST_REQUESTS) as pool:
+        for _ in range(BURST_TRIES):
+            statuses = list(
+                pool.map(lambda _: _post(sidecar_url, body, model), range(BURST_REQUESTS))
+            )
+            assert set(statuses) <= {200, 429}, statuses
+            if 429 in statuses:
+                return statuses.count(429)
+    raise AssertionError(f"{model}: {BURST_TRIES} bursts and no request refused")
+
+
 def _load(sidecar_url: str, quiet_url: str, seconds: float, concurrency: int) -> None:
     """`carpool bench` (fixed-length items) alongside a few clients sending ragged items, and
     one slow client of the quiet model."""
@@ -130,6 +157,7 @@ def live_metrics(
 ) -> Iterator[LiveRun]:
     metrics_ports = {MODEL: free_port(), QUIET_MODEL: free_port()}
     env = {"PYTHONPATH": str(HERE)}
+    bounded = ("--max-queue-items", str(MAX_QUEUE_ITEMS))
     quiet_path = tmp_path / QUIET_MODEL
     quiet_path.mkdir()
     with (
@@ -139,6 +167,7 @@ def live_metrics(
             # An objective no request misses: the latency objective's panels have data.
             "--latency-objective-ms",
             "10000",
+            *bounded,
             model_args=("--metrics-port", str(metrics_ports[MODEL])),
             env=env,
             model=MODEL,
@@ -146,6 +175,7 @@ def live_metrics(
         run_pair(
             quiet_path,
             HANDLER,
+            *bounded,
             model_args=("--metrics-port", str(metrics_ports[QUIET_MODEL])),
             env=env,
             model=QUIET_MODEL,
@@ -161,6 +191,8 @@ def live_metrics(
             start = time.time()
             _bad_requests(sidecar, 3)
             _load(sidecar, quiet.sidecar.url, load_seconds, concurrency)
+            _refused_bursts(sidecar, MODEL)
+            _refused_bursts(quiet.sidecar.url, QUIET_MODEL)
             _bad_requests(sidecar, 3)
             # Let the last samples of the load be scraped, and end on a quiet stretch.
             time.sleep(IDLE_S)

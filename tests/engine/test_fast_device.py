@@ -104,38 +104,44 @@ async def test_the_oldest_group_goes_first_and_a_full_younger_one_waits() -> Non
 
 def test_an_outlier_first_sample_is_forgotten_after_two_more() -> None:
     fit = DurationFit()
-    fit.record(1, 1.0)  # the first batch of the process: kernels compiled, memory grown
-    fit.record(1, 0.0021)
-    fit.record(1, 0.0020)
+    fit.record(1, 1.0, 1.0)  # the first batch of the process: kernels compiled, memory grown
+    fit.record(1, 0.0021, 1.0021)
+    fit.record(1, 0.0020, 1.0041)
     assert fit.predict(1) == pytest.approx(0.002, rel=0.1)
 
 
 def test_a_new_size_that_stalls_moves_the_line_a_bounded_step() -> None:
     fit = DurationFit()
+    clock = 0.0
     for _ in range(16):
         for size in (1, 2, 4, 8):
-            fit.record(size, 0.002 + 0.0001 * size)
-    fit.record(16, 1.0)  # a shape the device has not run before
+            clock += 0.002 + 0.0001 * size
+            fit.record(size, 0.002 + 0.0001 * size, clock)
+    clock += 1.0
+    fit.record(16, 1.0, clock)  # a shape the device has not run before
     # Held within twice what the line predicts, and weighed as one sample of one size.
     assert fit.predict(16) < 2 * (0.002 + 0.0016)
     assert fit.predict(1) == pytest.approx(0.0021, rel=0.2)
     for _ in range(4):
-        fit.record(16, 0.0036)
+        clock += 0.0036
+        fit.record(16, 0.0036, clock)
     assert fit.predict(16) == pytest.approx(0.0036, rel=0.1)
 
 
 def test_lengths_are_learned_per_bucket() -> None:
     fit = BucketedFit()
+    clock = 0.0
     for _ in range(8):
         for size in (1, 4, 8):
-            fit.record(size, 64, 0.002 + 0.0001 * size)
-            fit.record(size, 1024, 0.010 + 0.002 * size)
+            clock += 0.050
+            fit.record(size, 64, 0.002 + 0.0001 * size, clock)
+            fit.record(size, 1024, 0.010 + 0.002 * size, clock)
     assert fit.predict(8, 64) == pytest.approx(0.0028, rel=0.05)
     assert fit.predict(8, 1024) == pytest.approx(0.026, rel=0.05)
     assert fit.fixed_s(1024) == pytest.approx(0.010, rel=0.05)
     # A bucket not seen yet, or seen at one size only, is predicted from every batch.
     assert fit.predict(8, 256) == fit.pooled.predict(8)
-    fit.record(2, 256, 0.5)
+    fit.record(2, 256, 0.5, clock + 0.5)
     assert fit.predict(8, 256) == fit.pooled.predict(8)
 
 

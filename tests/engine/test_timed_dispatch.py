@@ -118,11 +118,14 @@ async def test_the_next_batch_leaves_as_the_running_one_ends_less_the_hop(dispat
 
 def test_the_fit_shrugs_off_a_stall() -> None:
     fit = DurationFit()
+    clock = 0.0
     for repeat in range(20):
         for size in (1, 2, 4, 8):
-            fit.record(size, 0.010 + 0.002 * size)
+            clock += 0.010 + 0.002 * size
+            fit.record(size, 0.010 + 0.002 * size, clock)
         if repeat == 10:
-            fit.record(4, 5.0)  # a pause of the whole process
+            clock += 5.0
+            fit.record(4, 5.0, clock)  # a pause of the whole process
     assert fit.fixed_s == pytest.approx(0.010, rel=0.1)
     assert fit.per_item_s == pytest.approx(0.002, rel=0.1)
     assert fit.predict(32) == pytest.approx(0.074, rel=0.1)

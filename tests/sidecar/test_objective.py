@@ -17,6 +17,8 @@ import pytest
 from support.model_server import SUPPORT_DIR
 from support.sidecar import Pair, infer, metric, run_pair, until, v2_body
 
+from carpool.engine.batcher import DRAIN_GAUGE_S
+
 SIDECAR_ARGS = (
     "--max-batch-size", "1", "--max-inflight-batches", "1", "--latency-objective-ms", "1000",
 )  # fmt: skip
@@ -74,6 +76,9 @@ async def test_the_drain_gauge_reads_the_work_ahead(
     assert (await infer(http, sidecar, [[1, 1, 1, 1]]))[0] == 200
     blocker = asyncio.create_task(infer(http, sidecar, [[0, 0, 0, 0]]))
     await until(sidecar, "carpool_inflight_batches", 1)
+    # The gauge is written at most every DRAIN_GAUGE_S while work runs: the arrival after
+    # that writes it (sooner, on a loaded machine, it still read the blocker's rest alone).
+    await asyncio.sleep(DRAIN_GAUGE_S)
     queued = asyncio.create_task(infer(http, sidecar, [[2, 2, 2, 2]]))
     await until(sidecar, "carpool_queue_items", 1)
     # The running batch's rest and the queued one's 0.3 s.

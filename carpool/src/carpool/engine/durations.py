@@ -2,13 +2,22 @@
 
 Every estimate is robust to outliers, such as a GPU's first run of a shape, a GC pause or a
 noisy neighbour: one sample has bounded influence. Per batch size the estimate is the median
-of the last few samples (one outlier moves it by one rank, and it follows a drifting model
-within half a window); the line rests on sizes seen twice at least (a lone sample is
-unconfirmed: the first batch of a process may take a second), each weighed by how often it
-was seen, and until there are such it is flat at the shortest time seen (a batch predicted
+of its samples of the last HORIZON_S, or of its last few where it has fewer (one outlier moves
+it by one rank); the line rests on sizes seen twice at least (a lone sample is unconfirmed:
+the first batch of a process may take a second), each weighed by how many of its samples are
+that recent, and until there are such it is flat at the shortest time seen (a batch predicted
 short leaves early and waits at the model server, which costs little; one predicted long
 leaves the model idle); and the first sample of a size is held within CLIP of what the line
 predicts for it.
+
+A model slows down when other work takes the cores and speeds up when they are given back,
+and under load only a few sizes run: so the line follows the sizes seen lately, and a size
+not seen for HORIZON_S counts for little (STALE of a recent sample per sample), giving the
+line its slope where the recent sizes do not. Ages are counted to the newest batch, so an
+idle spell forgets nothing. Each size's median still needs a few batches of that size, so
+the line is scaled by the pace of the last PACE_BATCHES batches, whatever their sizes: the
+median of each one's time against what the line says for its size (1 once the line has
+caught up), which follows a model that slows or speeds as a whole within a few batches.
 """
 
 from __future__ import annotations
@@ -18,40 +27,82 @@ from collections.abc import Hashable
 
 # Samples per size the median is taken over.
 WINDOW = 8
+# How far back a size's samples are recent: a model's changed speed is learned in about this.
+HORIZON_S = 1.0
+# Samples per size the median rests on at least, recent or not.
+LEAST = 3
+# What one sample of a size not seen for HORIZON_S weighs in the line, against a recent one.
+STALE = 1 / 256
 # The first sample of a size counts at most this many times what the line predicts for it
 # (or this fraction of it), once the line is known.
 CLIP = 2.0
-# Sizes seen this often weigh fully in the line; rarer sizes count for less.
-FULL_WEIGHT = 16
+# The last batches, of any size, whose pace against the line scales it: the median of 3
+# follows a change in two, and one stalled batch moves it one rank.
+PACE_BATCHES = 3
+
+
+def lower_median(samples: list[float]) -> float:
+    """Of two middle ones, the lower: an estimate that errs short sends the next batch early,
+    where it waits at the model server, while one that errs long leaves the model idle."""
+    ordered = sorted(samples)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 class RecentMedian:
-    """The median of the last `window` samples; of two middle ones, the lower: an estimate
-    that errs short sends the next batch early, where it waits at the model server, while one
-    that errs long leaves the model idle."""
+    """The lower median of the last `window` samples."""
 
     def __init__(self, window: int = WINDOW) -> None:
         self._samples: deque[float] = deque(maxlen=window)
         self.value = 0.0
-        self.count = 0
 
     def add(self, sample: float) -> None:
         self._samples.append(sample)
+        self.value = lower_median(list(self._samples))
+
+
+class SizeSamples:
+    """One batch size's last WINDOW samples, with when each was taken."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=WINDOW)
+        self.count = 0
+        self.value = 0.0
+        self.weight = 0.0
+        self._until = -1.0  # the newest batch time up to which `value` and `weight` hold
+
+    def add(self, seconds: float, at: float) -> None:
+        self._samples.append((at, seconds))
         self.count += 1
-        ordered = sorted(self._samples)
-        self.value = ordered[(len(ordered) - 1) // 2]
+        self._until = -1.0
+
+    def refresh(self, newest: float) -> None:
+        """`value` and `weight` as of the newest batch (of any size) at `newest`."""
+        if newest <= self._until:
+            return
+        since = newest - HORIZON_S
+        recent = [seconds for at, seconds in self._samples if at > since]
+        samples = list(self._samples)
+        chosen = recent if len(recent) >= LEAST else [seconds for _, seconds in samples[-LEAST:]]
+        self.value = lower_median(chosen)
+        self.weight = len(recent) + STALE * (len(samples) - len(recent))
+        # Unchanged until the oldest recent sample ages out.
+        self._until = min((at for at, _ in samples if at > since), default=float("inf"))
+        self._until += HORIZON_S
 
 
 class DurationFit:
     """Per batch size the median of recent durations, and the line through them (weighted by
-    how often each size was seen), which extrapolates to sizes not seen yet."""
+    how many recent samples each size has), which extrapolates to sizes not seen yet."""
 
     def __init__(self) -> None:
-        self._sizes: dict[int, RecentMedian] = {}
+        self._sizes: dict[int, SizeSamples] = {}
         self._confirmed = False  # some size was seen twice
         self.fixed_s = 0.0
         self.per_item_s = 0.0
         self.mean_size = 0.0  # of the sizes seen, weighted as in the line: where it is surest
+        self._newest = -float("inf")  # when the newest batch ended
+        self._line = (0.0, 0.0)  # fixed and per item, before the pace
+        self._last: deque[tuple[int, float]] = deque(maxlen=PACE_BATCHES)  # size, seconds
 
     @property
     def known(self) -> bool:
@@ -66,29 +117,44 @@ class DurationFit:
         """Whether the line rests on this size (None: any size), or on more than one size."""
         return size in self._sizes or len(self._sizes) > 1
 
-    def record(self, size: int, seconds: float) -> None:
+    def record(self, size: int, seconds: float, at: float) -> None:
+        """A batch of `size` items took `seconds`, ending `at` (time.monotonic)."""
         entry = self._sizes.get(size)
         if entry is None:
             if self._confirmed:
                 expected = self.predict(size)
                 seconds = min(max(seconds, expected / CLIP), expected * CLIP)
-            entry = self._sizes[size] = RecentMedian()
-        entry.add(seconds)
-        self._fit()
+            entry = self._sizes[size] = SizeSamples()
+        entry.add(seconds, at)
+        self._newest = max(self._newest, at)
+        self._last.append((size, seconds))
+        self._line = self._fit()
+        self._pace()
 
     def predict(self, size: int) -> float:
         return self.fixed_s + self.per_item_s * size
 
-    def _fit(self) -> None:
-        """Weighted least squares; neither part may be negative."""
+    def _pace(self) -> None:
+        """The line scaled by the median of the last batches' times against it."""
+        fixed, per_item = self._line
+        ratios = [
+            seconds / line for size, seconds in self._last if (line := fixed + per_item * size) > 0
+        ]
+        pace = lower_median(ratios) if ratios else 1.0
+        self.fixed_s, self.per_item_s = pace * fixed, pace * per_item
+
+    def _fit(self) -> tuple[float, float]:
+        """The line, fixed and per item: weighted least squares; neither part may be
+        negative."""
+        for entry in self._sizes.values():
+            entry.refresh(self._newest)
         confirmed = [(size, entry) for size, entry in self._sizes.items() if entry.count > 1]
         self._confirmed = bool(confirmed)
         if not confirmed:
             shortest = min(self._sizes, key=lambda size: self._sizes[size].value)
-            self.fixed_s, self.per_item_s = self._sizes[shortest].value, 0.0
             self.mean_size = shortest
-            return
-        weights = [(size, entry.value, min(entry.count, FULL_WEIGHT)) for size, entry in confirmed]
+            return self._sizes[shortest].value, 0.0
+        weights = [(size, entry.value, entry.weight) for size, entry in confirmed]
         total = sum(w for _, _, w in weights)
         sx = sum(w * x for x, _, w in weights)
         sy = sum(w * y for _, y, w in weights)
@@ -99,14 +165,12 @@ class DurationFit:
         slope = (total * sxy - sx * sy) / spread if spread > 1e-12 else 0.0
         if slope <= 0:
             # One size seen, or sizes that do not tell cost apart: a flat duration.
-            self.fixed_s, self.per_item_s = sy / total, 0.0
-            return
+            return sy / total, 0.0
         intercept = (sy - slope * sx) / total
         if intercept < 0:
             # Through the origin: all cost grows with the batch.
-            self.fixed_s, self.per_item_s = 0.0, sxy / sxx
-            return
-        self.fixed_s, self.per_item_s = intercept, slope
+            return 0.0, sxy / sxx
+        return intercept, slope
 
 
 class BucketedFit:
@@ -121,10 +185,10 @@ class BucketedFit:
     def known(self) -> bool:
         return self.pooled.known
 
-    def record(self, size: int, bucket: Hashable, seconds: float) -> None:
-        self.pooled.record(size, seconds)
+    def record(self, size: int, bucket: Hashable, seconds: float, at: float) -> None:
+        self.pooled.record(size, seconds, at)
         if bucket is not None:
-            self._buckets.setdefault(bucket, DurationFit()).record(size, seconds)
+            self._buckets.setdefault(bucket, DurationFit()).record(size, seconds, at)
 
     def fit(self, size: int | None, bucket: Hashable) -> DurationFit:
         """The bucket's own line where it says something of `size` (None: of any size), else

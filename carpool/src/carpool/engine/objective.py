@@ -10,7 +10,7 @@ A request is predicted its answer on arrival: the worker's free time, then the q
 of its priority and above and its own, in batches of that size, one after another, as the
 worker runs them; its own batch as full as the items admitted lately will make it by the
 time it starts (later arrivals join it, and its answer waits for theirs), and later by how
-much answers have come later than predicted (`Lateness`). Predicted past the
+much answers have lately come later than predicted (`Lateness`). Predicted past the
 objective or its own deadline, it is refused at once (429, its Retry-After when what is
 ahead of it has likely drained) rather than left to wait and fail. A request of higher
 priority goes ahead of queued lower-priority ones; those it pushes past their objective are
@@ -21,9 +21,11 @@ refused.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import sys
+from collections import deque
 
 from carpool.engine.batch_queue import BatchQueue
 from carpool.engine.errors import LATE_REASONS, Late
@@ -40,11 +42,14 @@ RATE_HORIZON_S = 1.0
 # Predictions are held to answer this share of admitted requests in time: they are medians
 # of batch times, and a loaded machine's timers fire late.
 CALIBRATED_SHARE = 0.98
-# How far one answer moves the lateness estimate, as a share of the objective.
-CALIBRATION_STEP = 0.01
+# How long an answer counts in the lateness margin: a late spell is forgotten this long after
+# it ends, whether answers come on time or none come (everything refused).
+LATENESS_HORIZON_S = 1.0
+# The most answers it remembers (the newest): what bounds its work under a high rate.
+LATENESS_ANSWERS = 1024
 # The largest margin, as a share of the objective: answers later than this say the machine
 # is overloaded, not the model (an event loop seconds behind), and a margin past the
-# objective would refuse everything, leaving no answer to learn that it has passed.
+# objective would refuse everything until the late answers are forgotten.
 MAX_MARGIN = 0.5
 
 
@@ -74,17 +79,32 @@ class RecentRate:
 
 
 class Lateness:
-    """How much later than predicted answers come, at the CALIBRATED_SHARE quantile: a
-    stochastic estimate that moves up by (1 - share) steps for each answer later than it and
-    down by share steps for each one sooner, so it settles where that share is sooner; held
-    from 0 to `most_s`."""
+    """How much later than predicted answers come: the CALIBRATED_SHARE quantile of the
+    answers of the last LATENESS_HORIZON_S (at most LATENESS_ANSWERS of them), 0 without any;
+    held from 0 to `most_s`."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self._answers: deque[tuple[float, float]] = deque()  # (answered at, late by), in order
+        self._ordered: list[float] = []  # the same lateness, sorted
 
-    def add(self, late_s: float, step_s: float, most_s: float) -> None:
-        moved = self.seconds + step_s * (CALIBRATED_SHARE - (late_s <= self.seconds))
-        self.seconds = min(max(moved, 0.0), most_s)
+    def add(self, late_s: float, now: float) -> None:
+        self._answers.append((now, late_s))
+        bisect.insort(self._ordered, late_s)
+        self._forget(now)
+
+    def seconds(self, now: float, most_s: float) -> float:
+        self._forget(now)
+        ordered = self._ordered
+        if not ordered:
+            return 0.0
+        quantile = ordered[math.ceil(CALIBRATED_SHARE * len(ordered)) - 1]
+        return min(max(quantile, 0.0), most_s)
+
+    def _forget(self, now: float) -> None:
+        answers, since = self._answers, now - LATENESS_HORIZON_S
+        while answers and (answers[0][0] <= since or len(answers) > LATENESS_ANSWERS):
+            _, late_s = answers.popleft()
+            del self._ordered[bisect.bisect_left(self._ordered, late_s)]
 
 
 class Objective:
@@ -139,7 +159,8 @@ class Objective:
         ahead = self._queue.items_from(rank)
         answer_at = self._answer_at(limits, ahead + count, key, now)
         due = arrived_at + self._objective_s
-        if answer_at + self._lateness.seconds <= min(due, deadline):
+        margin_s = self._lateness.seconds(now, MAX_MARGIN * self._objective_s)
+        if answer_at + margin_s <= min(due, deadline):
             self._admitted.add(count, now)
             # A line on lone samples is no prediction to learn the margin from.
             return answer_at if self._timeline.worker.pooled.confirmed else None
@@ -155,10 +176,7 @@ class Objective:
 
     def answered(self, predicted: float, now: float) -> None:
         """An admitted request was answered `now`, predicted at `predicted`."""
-        objective_s = self._objective_s
-        self._lateness.add(
-            now - predicted, CALIBRATION_STEP * objective_s, MAX_MARGIN * objective_s
-        )
+        self._lateness.add(now - predicted, now)
 
     def displace(self, base: Limits, arrived: AnyRequest, now: float) -> None:
         """Refuse the queued requests of lower priority than `arrived` that it pushes past

@@ -59,9 +59,9 @@ class ModelTimeline:
             round_trip = now - batch.sent_at
             if timing is None or not _possible(timing, round_trip):
                 timing = BatchTiming(0.0, round_trip)
-            self.worker.record(batch.size, batch.bucket, timing.worker_s)
+            self.worker.record(batch.size, batch.bucket, timing.worker_s, now)
             if batch.alone:
-                self.prepare.record(batch.size, batch.bucket, timing.queued_s)
+                self.prepare.record(batch.size, batch.bucket, timing.queued_s, now)
             self._hop.add(max(0.0, round_trip - timing.queued_s - timing.worker_s))
         self._free_at = now - self.hop_s() / 2
 
