@@ -159,3 +159,29 @@ def test_the_running_loop_chooses_with_carpools_token_choice(
         row_choice.verify(manager, other)
     with pytest.raises(RuntimeError, match="before it starts"):
         row_choice.install(manager)
+
+
+async def test_a_batch_sent_whole_gets_its_own_text_while_the_loop_is_busy(
+    handler: TextGenerationHandler, tiny_lm_path: Path
+) -> None:
+    """`/infer` batches run the static way on the worker thread beside the running loop,
+    on the same model: its sequences in flight change none of their tokens."""
+    items = [prompt_item("the moon", max_new_tokens=30), sampled(3)]
+
+    def whole() -> list[str]:
+        with torch.inference_mode():
+            prepared = handler.preprocess(items)
+            assert prepared.batch is not None
+            return [each.text for each in handler.infer(prepared.batch)]
+
+    quiet = await asyncio.to_thread(whole)
+    busy = [
+        asyncio.ensure_future(answer(handler, prompt_item(prompt, max_new_tokens=200)))
+        for prompt, _ in mixed(8, seed=5)
+    ]
+    await asyncio.sleep(0.1)
+    beside_the_loop = await asyncio.to_thread(whole)
+    assert not all(each.done() for each in busy)  # the loop was still decoding
+    await asyncio.gather(*busy)
+    assert beside_the_loop == quiet
+    assert quiet[1] == static_answer(tiny_lm_path, sampled(3)).text

@@ -18,8 +18,10 @@ beside it and whenever it arrives, the tokens the static way draws for that seed
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
+import threading
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -68,6 +70,25 @@ class LoopState:
     cache_used: float  # fraction of the KV cache's pages in use
 
 
+def one_forward_at_a_time(model: Any) -> None:
+    """Make the model's forward passes take turns across threads.
+
+    The loop's steps run on the manager's thread while batches sent whole (`/infer`) run
+    the static way on the worker thread, on the same model. transformers' forward sets
+    `config.is_causal` for the call's duration (the loop's steps pass False: their mask is
+    their own) and then puts it back: a static forward beside a step read False, attended
+    both ways, and could leave the flag stuck at False for every later static batch.
+    """
+    forward, turn = model.forward, threading.Lock()
+
+    @functools.wraps(forward)
+    def taking_turns(*args: Any, **kwargs: Any) -> Any:
+        with turn:
+            return forward(*args, **kwargs)
+
+    model.forward = taking_turns
+
+
 class TokenLoop:
     """One manager for a loaded causal LM: `generate` streams one request's answer."""
 
@@ -109,6 +130,7 @@ class TokenLoop:
             use_cuda_graph=False,
             use_async_batching=False,
         )
+        one_forward_at_a_time(model)
         self._manager: Any = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=sizes
         )
