@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import weakref
@@ -220,6 +221,29 @@ async def test_expired_request_is_answered_504_and_never_sent() -> None:
         await blocker
         await settle()
         assert h.model.batches == [[0.0]]
+
+
+async def test_a_deadline_is_a_deadline_in_a_task_that_once_swallowed_a_cancellation() -> None:
+    """A server task that caught a cancellation earlier (without `uncancel`) still gets 504
+    when its request's deadline passes, not a cancellation read as a client gone."""
+    async with Harness(max_inflight_batches=1) as h:
+        h.model.gate.clear()
+        blocker = h.request(0.0)
+        await h.model.started.wait()
+
+        async def handler() -> None:
+            this = asyncio.current_task()
+            assert this is not None
+            this.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(1)
+            deadline = asyncio.get_running_loop().time() + 0.05
+            await h.batcher.submit(items(1.0), KEY, deadline)
+
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.create_task(handler())
+        h.model.gate.set()
+        await blocker
 
 
 async def test_cancelled_request_is_dropped_before_the_model() -> None:

@@ -244,3 +244,18 @@ def test_the_margin_settles_where_the_calibrated_share_of_answers_is_in_time() -
         clock += 0.002
         lateness.add(5.0, clock)
     assert lateness.seconds(clock, 0.1) == 0.1
+
+
+def test_one_late_answer_among_few_raises_no_margin_and_two_do() -> None:
+    """At 10 answers a second, one answer 100 ms late (a collection pause) is an outlier:
+    refusing every request for the next second on its word would be wrong. A second one
+    says the machine is late."""
+    lateness = Lateness()
+    clock = 0.0
+    for index in range(10):
+        clock += 0.1
+        lateness.add(0.1 if index == 4 else 0.0, clock)
+    assert lateness.seconds(clock, 1.0) == 0.0
+    clock += 0.1
+    lateness.add(0.1, clock)
+    assert lateness.seconds(clock, 1.0) == pytest.approx(0.1)

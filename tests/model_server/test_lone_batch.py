@@ -17,7 +17,7 @@ from carpool.contract.wire import Item, Tensor
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_stand_in import Rows, StandInHandler
 from carpool_model_server.metrics import ModelMetrics
-from carpool_model_server.runner import Runner
+from carpool_model_server.runner import Runner, lone_kind
 
 
 class Recording(StandInHandler):
@@ -48,8 +48,8 @@ def make_runner(fixed_ms: float, kind: type[Recording] = Recording) -> tuple[Run
     return Runner(handler, torch.device("cpu"), ModelMetrics.create("stand-in"), 8), handler
 
 
-def items(count: int) -> list[Item]:
-    return [{"input": Tensor.from_numpy(np.full(4, i, dtype=np.float32))} for i in range(count)]
+def items(count: int, width: int = 4) -> list[Item]:
+    return [{"input": Tensor.from_numpy(np.full(width, i, dtype=np.float32))} for i in range(count)]
 
 
 async def slow_batch_started(runner: Runner, handler: Recording) -> asyncio.Task[object]:
@@ -130,3 +130,30 @@ async def test_a_handler_bound_to_one_thread_runs_every_batch_on_the_worker() ->
     finally:
         runner.close()
     assert len(set(handler.threads)) == 1 and threading.get_ident() not in handler.threads
+
+
+async def test_a_lone_item_of_another_kind_runs_on_the_worker_first() -> None:
+    """A longer input (or another token limit) may take far longer than the brief item seen:
+    its first run is on the worker, and the loop's thread takes it once it was brief."""
+    runner, handler = make_runner(fixed_ms=0.5)
+    try:
+        await runner.run(items(1))  # learned brief
+        await runner.run(items(1))  # the loop
+        await runner.run(items(1, width=64))  # another kind: the worker
+        await runner.run(items(1, width=64))  # seen brief: the loop
+    finally:
+        runner.close()
+    loop_thread = threading.get_ident()
+    assert [t == loop_thread for t in handler.threads] == [False, True, False, True]
+
+
+def test_a_lone_items_kind_holds_its_sizes_and_its_small_values() -> None:
+    def prompt(text: bytes, limit: int) -> Item:
+        return {
+            "text_input": Tensor("BYTES", (1,), [text]),
+            "max_new_tokens": Tensor.from_numpy(np.array([limit], dtype=np.int32)),
+        }
+
+    assert lone_kind(prompt(b"hello", 4)) == lone_kind(prompt(b"world", 4))
+    assert lone_kind(prompt(b"hello", 4)) != lone_kind(prompt(b"hello", 400))
+    assert lone_kind(prompt(b"hello", 4)) != lone_kind(prompt(b"hello there", 4))

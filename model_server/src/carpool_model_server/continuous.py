@@ -79,7 +79,7 @@ def one_forward_at_a_time(model: Any) -> None:
     their own) and then puts it back: a static forward beside a step read False, attended
     both ways, and could leave the flag stuck at False for every later static batch.
     """
-    forward, turn = model.forward, threading.Lock()
+    forward, turn = model.forward, threading.RLock()
 
     @functools.wraps(forward)
     def taking_turns(*args: Any, **kwargs: Any) -> Any:

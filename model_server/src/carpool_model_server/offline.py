@@ -209,6 +209,7 @@ class _PaddingMeter(Handler[Any, Any]):
         self.settings = inner.settings
         self.inner = inner
         self.metadata = inner.metadata
+        self.one_thread = inner.one_thread  # type: ignore[misc]
         self.stats = stats
 
     def load(self, device: torch.device) -> None:

@@ -3,7 +3,8 @@
 Model work (load, warm-up, forward passes) happens on that one thread, so the event loop
 keeps answering health checks and the model never sees two batches at once. The exception
 is a lone batch of one item, with the worker idle and no preprocess thread, where the last
-such batch took at most `LOOP_RUN_MAX_S`: it runs on the loop's own thread, which blocks
+item of its kind (`lone_kind`: its inputs' shapes and sizes, and the values of small ones,
+such as a token limit) took at most `LOOP_RUN_MAX_S`: it runs on the loop's own thread, which blocks
 the loop no longer than about that and spares the wake-up of the worker and the loop's
 wake-up back (at one caller, 12 to 30 % of the model server's CPU per batch). When the
 handler allows it, `preprocess` runs on a second thread: batch n+1 is tokenized (and copied
@@ -24,7 +25,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
@@ -43,12 +44,26 @@ from carpool_model_server.worker_thread import WorkerThread
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
-# A lone batch of one item that last ran within this runs on the event loop's thread: a
-# health probe, a cancel or a new frame waits at most about this long. Larger batches mean
+# A lone batch of one item whose kind last ran within this runs on the event loop's thread:
+# a health probe, a cancel or a new frame waits at most about this long. Larger batches mean
 # load: the next frame is likely waiting, and it would neither be read and decoded while
 # this one runs nor have its wait counted as queued (the sidecar would learn a longer hop).
 LOOP_RUN_MAX_S = 0.005
-LOOP_RUN_MAX_ITEMS = 1
+# Numeric inputs this small (a token limit, a temperature) key a lone item by their values.
+LONE_KIND_VALUE_BYTES = 8
+
+
+def lone_kind(item: Item) -> Hashable:
+    """What a lone item's run time is taken to depend on: each input's shape and size, and
+    the value of a small numeric one. A longer text or another token limit is another kind,
+    first run on the worker."""
+    return tuple((name, tensor.shape, _size_or_value(tensor.data)) for name, tensor in item.items())
+
+
+def _size_or_value(data: bytes | memoryview | list[bytes]) -> int | bytes:
+    if isinstance(data, list):
+        return sum(len(element) for element in data)
+    return bytes(data) if len(data) <= LONE_KIND_VALUE_BYTES else len(data)
 
 
 class Runner:
@@ -76,9 +91,9 @@ class Runner:
         self._worker = WorkerThread("carpool-infer")
         self._preparer: ThreadPoolExecutor | None = None
         self._torch_threads: int | None = None
-        # Seconds the last batch of each size took, warm-up included, written on the thread
+        # Seconds the last lone item of each kind (`lone_kind`) took, written on the thread
         # that ran it.
-        self._took: dict[int, float] = {}
+        self._took: dict[Hashable, float] = {}
         concurrent = handler.preprocess_concurrently
         if pipeline and handler.preprocess_overlaps_infer:
             threads = (prep_threads or pod_cpus()) if concurrent else 1
@@ -142,13 +157,14 @@ class Runner:
     def _runs_on_loop(self, items: Sequence[Item]) -> bool:
         """Whether this batch runs on the loop's thread: nothing runs or waits on the worker
         (a batch beside others keeps the worker's overlap with the loop), no preprocess
-        thread, a handler that may run on another thread, one item, whose last run was brief."""
+        thread, a handler that may run on another thread, one item, whose kind last ran
+        briefly."""
         return (
-            len(items) <= LOOP_RUN_MAX_ITEMS
+            len(items) == 1
             and self._worker.idle
             and self._preparer is None
             and not self.handler.one_thread
-            and self._took.get(len(items), math.inf) <= LOOP_RUN_MAX_S
+            and self._took.get(lone_kind(items[0]), math.inf) <= LOOP_RUN_MAX_S
         )
 
     def close(self) -> None:
@@ -223,7 +239,8 @@ class Runner:
                 if failed:
                     raise RuntimeError(f"warm-up batch of {size} failed: {failed[0]}")
             took = time.monotonic() - started
-            self._took[size] = took
+            if size == 1 and len(examples) == 1:
+                self._took[lone_kind(examples[0])] = took
             log.info(
                 "warm-up at batch size %d took %.3fs (input shapes: %d)", size, took, len(examples)
             )
@@ -241,7 +258,8 @@ class Runner:
             self.metrics.observe_batch(len(items), time.monotonic() - started, 0, len(items))
             raise
         finished = time.monotonic()
-        self._took[len(items)] = finished - started
+        if len(items) == 1:
+            self._took[lone_kind(items[0])] = finished - started
         errors = [r.status for r in results if r.error is not None]
         invalid = errors.count(InvalidItem.status)
         failed = len(errors) - invalid

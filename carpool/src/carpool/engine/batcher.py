@@ -168,15 +168,16 @@ class Batcher(Generic[ItemT, ResultT]):
         # Not sent from here: requests that arrive in one turn of the loop (a burst) share
         # the batch the dispatcher forms once they are all queued.
         self._wake.set()
-        # A timer that cancels the future, not asyncio.timeout_at (which also looks up the
-        # task and reschedules): this runs for every request. A cancelled future with the
-        # task itself not being cancelled is the deadline.
+        # A timer that cancels the future, not asyncio.timeout_at (which also reschedules a
+        # timeout object): this runs for every request. A cancelled future with no new
+        # cancellation of the task itself is the deadline.
         expiry = self._loop.call_at(deadline, request.future.cancel)
+        task = asyncio.current_task()
+        cancelling = task.cancelling() if task is not None else 0
         try:
             results = await request.future
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
+            if task is None or task.cancelling() > cancelling:
                 raise
             waited_ms = 1000 * (time.monotonic() - now)
             raise DeadlineExceeded(

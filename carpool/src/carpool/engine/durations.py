@@ -22,6 +22,7 @@ caught up), which follows a model that slows or speeds as a whole within a few b
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Hashable
 
@@ -68,12 +69,12 @@ class SizeSamples:
         self.count = 0
         self.value = 0.0
         self.weight = 0.0
-        self._until = -1.0  # the newest batch time up to which `value` and `weight` hold
+        self._until = -math.inf  # the newest batch time up to which `value` and `weight` hold
 
     def add(self, seconds: float, at: float) -> None:
         self._samples.append((at, seconds))
         self.count += 1
-        self._until = -1.0
+        self._until = -math.inf
 
     def refresh(self, newest: float) -> None:
         """`value` and `weight` as of the newest batch (of any size) at `newest`."""
@@ -86,7 +87,7 @@ class SizeSamples:
         self.value = lower_median(chosen)
         self.weight = len(recent) + STALE * (len(samples) - len(recent))
         # Unchanged until the oldest recent sample ages out.
-        self._until = min((at for at, _ in samples if at > since), default=float("inf"))
+        self._until = min((at for at, _ in samples if at > since), default=math.inf)
         self._until += HORIZON_S
 
 

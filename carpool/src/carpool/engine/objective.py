@@ -47,6 +47,10 @@ CALIBRATED_SHARE = 0.98
 LATENESS_HORIZON_S = 1.0
 # The most answers it remembers (the newest): what bounds its work under a high rate.
 LATENESS_ANSWERS = 1024
+# Fewer answers than this (1 / (1 - CALIBRATED_SHARE)) say too little for the quantile: it is
+# taken as if the rest had come on time, so one late answer among few (a collection pause, a
+# shape's first run) raises no margin, and two do.
+CONFIDENT_ANSWERS = round(1 / (1 - CALIBRATED_SHARE))
 # The largest margin, as a share of the objective: answers later than this say the machine
 # is overloaded, not the model (an event loop seconds behind), and a margin past the
 # objective would refuse everything until the late answers are forgotten.
@@ -80,8 +84,8 @@ class RecentRate:
 
 class Lateness:
     """How much later than predicted answers come: the CALIBRATED_SHARE quantile of the
-    answers of the last LATENESS_HORIZON_S (at most LATENESS_ANSWERS of them), 0 without any;
-    held from 0 to `most_s`."""
+    answers of the last LATENESS_HORIZON_S (at most LATENESS_ANSWERS of them; fewer than
+    CONFIDENT_ANSWERS counted with on-time ones), held from 0 to `most_s`."""
 
     def __init__(self) -> None:
         self._answers: deque[tuple[float, float]] = deque()  # (answered at, late by), in order
@@ -95,10 +99,12 @@ class Lateness:
     def seconds(self, now: float, most_s: float) -> float:
         self._forget(now)
         ordered = self._ordered
-        if not ordered:
+        count = len(ordered)
+        counted = max(count, CONFIDENT_ANSWERS)
+        index = math.ceil(CALIBRATED_SHARE * counted) - 1 - (counted - count)
+        if index < 0:
             return 0.0
-        quantile = ordered[math.ceil(CALIBRATED_SHARE * len(ordered)) - 1]
-        return min(max(quantile, 0.0), most_s)
+        return min(max(ordered[index], 0.0), most_s)
 
     def _forget(self, now: float) -> None:
         answers, since = self._answers, now - LATENESS_HORIZON_S
