@@ -216,6 +216,7 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
         heap.freeze_startup()
+        heap.collect_young_less_often()
         await stopping
     still_loading = not loading.done()
     if still_loading:
