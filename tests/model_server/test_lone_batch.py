@@ -11,9 +11,11 @@ import time
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from carpool.contract.wire import Item, Tensor
+from carpool_model_server import runner as runner_module
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_stand_in import Rows, StandInHandler
 from carpool_model_server.metrics import ModelMetrics
@@ -157,3 +159,19 @@ def test_a_lone_items_kind_holds_its_sizes_and_its_small_values() -> None:
     assert lone_kind(prompt(b"hello", 4)) == lone_kind(prompt(b"world", 4))
     assert lone_kind(prompt(b"hello", 4)) != lone_kind(prompt(b"hello", 400))
     assert lone_kind(prompt(b"hello", 4)) != lone_kind(prompt(b"hello there", 4))
+
+
+async def test_the_brief_kinds_remembered_are_bounded_the_oldest_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner_module, "BRIEF_KINDS_KEPT", 2)
+    runner, handler = make_runner(fixed_ms=0.5)
+    try:
+        for width in (4, 8, 16):  # each learned brief on the worker; the first then forgotten
+            await runner.run(items(1, width=width))
+        await runner.run(items(1, width=16))  # still remembered: the loop
+        await runner.run(items(1, width=4))  # forgotten: the worker again
+    finally:
+        runner.close()
+    loop_thread = threading.get_ident()
+    assert [t == loop_thread for t in handler.threads] == [False, False, False, True, False]

@@ -35,3 +35,10 @@ def collect_young_less_often() -> None:
     kept as they are."""
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(SERVING_YOUNG_THRESHOLD, middle, oldest)
+
+
+def ready_to_serve() -> None:
+    """What a server does to its heap once it is ready: `freeze_startup`, then
+    `collect_young_less_often`."""
+    freeze_startup()
+    collect_young_less_often()

@@ -215,8 +215,7 @@ async def serve(config: Config, termination_log: Path = DEFAULT_PATH) -> tuple[i
         code = 1
     elif not stop.is_set():
         log.info("ready: %s", config.model_name)
-        heap.freeze_startup()
-        heap.collect_young_less_often()
+        heap.ready_to_serve()
         await stopping
     still_loading = not loading.done()
     if still_loading:

@@ -49,6 +49,9 @@ R = TypeVar("R")
 # load: the next frame is likely waiting, and it would neither be read and decoded while
 # this one runs nor have its wait counted as queued (the sidecar would learn a longer hop).
 LOOP_RUN_MAX_S = 0.005
+# Brief kinds remembered, the oldest forgotten first: what bounds the memory a stream of
+# ever-new kinds (text lengths, token limits) can take.
+BRIEF_KINDS_KEPT = 1024
 # Numeric inputs this small (a token limit, a temperature) key a lone item by their values.
 LONE_KIND_VALUE_BYTES = 8
 
@@ -91,9 +94,9 @@ class Runner:
         self._worker = WorkerThread("carpool-infer")
         self._preparer: ThreadPoolExecutor | None = None
         self._torch_threads: int | None = None
-        # Seconds the last lone item of each kind (`lone_kind`) took, written on the thread
-        # that ran it.
-        self._took: dict[Hashable, float] = {}
+        # The kinds (`lone_kind`) whose last lone item took at most LOOP_RUN_MAX_S, oldest
+        # first; written by the thread that ran the batch (one batch runs at a time).
+        self._brief: dict[Hashable, None] = {}
         concurrent = handler.preprocess_concurrently
         if pipeline and handler.preprocess_overlaps_infer:
             threads = (prep_threads or pod_cpus()) if concurrent else 1
@@ -164,8 +167,17 @@ class Runner:
             and self._worker.idle
             and self._preparer is None
             and not self.handler.one_thread
-            and self._took.get(lone_kind(items[0]), math.inf) <= LOOP_RUN_MAX_S
+            and lone_kind(items[0]) in self._brief
         )
+
+    def _learn(self, item: Item, took: float) -> None:
+        """Remember whether a lone item of this kind ran briefly."""
+        kind = lone_kind(item)
+        self._brief.pop(kind, None)
+        if took <= LOOP_RUN_MAX_S:
+            if len(self._brief) >= BRIEF_KINDS_KEPT:
+                del self._brief[next(iter(self._brief))]
+            self._brief[kind] = None
 
     def close(self) -> None:
         """Let the batch in flight finish; batches not started yet are dropped."""
@@ -240,7 +252,7 @@ class Runner:
                     raise RuntimeError(f"warm-up batch of {size} failed: {failed[0]}")
             took = time.monotonic() - started
             if size == 1 and len(examples) == 1:
-                self._took[lone_kind(examples[0])] = took
+                self._learn(examples[0], took)
             log.info(
                 "warm-up at batch size %d took %.3fs (input shapes: %d)", size, took, len(examples)
             )
@@ -259,7 +271,7 @@ class Runner:
             raise
         finished = time.monotonic()
         if len(items) == 1:
-            self._took[lone_kind(items[0])] = finished - started
+            self._learn(items[0], finished - started)
         errors = [r.status for r in results if r.error is not None]
         invalid = errors.count(InvalidItem.status)
         failed = len(errors) - invalid

@@ -131,8 +131,7 @@ async def serve(config: SidecarConfig) -> int:
         grpc_address = f"{config.host}:{config.grpc_port} (gRPC)"
         serving = grpc_server.serving(config, sidecar)
         await listening(stack.enter_async_context(serving), grpc_address)
-        heap.freeze_startup()
-        heap.collect_young_less_often()
+        heap.ready_to_serve()
         await signalled()
         # Not ready at once, but serving on: endpoints and load balancers take a while to stop
         # sending, and a request that finds the port closed is lost.

@@ -100,8 +100,7 @@ async def serve(link_fd: int, listen_fd: int) -> int:
     try:
         site = web.SockSite(runner, socket.socket(fileno=listen_fd))
         await site.start()
-        heap.freeze_startup()
-        heap.collect_young_less_often()
+        heap.ready_to_serve()
         grace_s = await front.batcher.close_asked
         if grace_s is None:
             log.error("the sidecar's batching process is gone; this front stops")

@@ -50,8 +50,7 @@ async def serve(config: SidecarConfig) -> int:
         await listening(
             stack.enter_async_context(grpc_server.serving(config, sidecar)), grpc_address
         )
-        heap.freeze_startup()
-        heap.collect_young_less_often()
+        heap.ready_to_serve()
         await signalled()
         sidecar.dataplane.stop_soon()  # the fronts hear of it with the next state
         pool.stop()
