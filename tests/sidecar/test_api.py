@@ -11,6 +11,7 @@ import aiohttp
 import numpy as np
 import orjson
 import pytest
+import yarl
 from support.sidecar import Pair, Sidecar, get, infer, metric, run_pair, v2_body
 
 # A long window: only dispatch that sends to an idle model at once (timed, adaptive) keeps a
@@ -269,6 +270,64 @@ async def test_only_the_served_version_exists(sidecar: Sidecar) -> None:
         url = f"{sidecar.url}/v2/models/toy/versions/2/infer"
         async with http.post(url, json=v2_body([[1, 2, 3, 4]])) as reply:
             assert reply.status == 404
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v2/models/toy/infer",
+        "/v2/models/toy/infer?trace=1",
+        "/v2/models/toy/versions/1/infer",
+        "/v2/models/t%6Fy/infer",  # decoded by the router
+        "/v2/models/toy/versions/%31/infer",
+    ],
+)
+async def test_the_infer_route_answers_and_counts_however_its_path_is_spelled(
+    sidecar: Sidecar, path: str
+) -> None:
+    counted = metric(sidecar, "carpool_requests_total", protocol="rest", code="200")
+    url = yarl.URL(sidecar.url + path, encoded=True)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, json=v2_body([[1, 2, 3, 4]])) as reply,
+    ):
+        assert reply.status == 200
+        assert reply.headers["Content-Type"] == "application/json"
+        assert (await reply.json())["outputs"][0]["data"] == [3, 5, 7, 9]
+    assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == counted + 1
+
+
+async def test_a_caller_that_expects_100_continue_is_answered(sidecar: Sidecar) -> None:
+    url = f"{sidecar.url}/v2/models/toy/infer"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, json=v2_body([[1, 2, 3, 4]]), expect100=True) as reply,
+    ):
+        assert reply.status == 200
+        assert (await reply.json())["outputs"][0]["data"] == [3, 5, 7, 9]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("POST", "/v2/models/toy/versions/2/infer", 404),
+        ("POST", "/v2/models/other/infer", 404),
+        ("POST", "/v2/models/toy/infer/", 404),
+        ("POST", "/v2/models//infer", 404),
+        ("GET", "/v2/models/toy/infer", 405),
+    ],
+)
+async def test_a_wrong_infer_path_or_method_is_refused_in_json(
+    sidecar: Sidecar, method: str, path: str, status: int
+) -> None:
+    url = yarl.URL(sidecar.url + path, encoded=True)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, url, json=v2_body([[1, 2, 3, 4]])) as reply,
+    ):
+        assert reply.status == status
+        assert reply.headers["Content-Type"] == "application/json"
+        assert (await reply.json())["error"]
 
 
 async def test_header_length_with_a_non_ascii_digit_is_400(sidecar: Sidecar) -> None:

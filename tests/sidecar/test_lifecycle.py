@@ -57,20 +57,27 @@ async def test_sigterm_drains_everything_accepted(tmp_path: Path) -> None:
     args += ("--drain-delay-seconds", "0.5")
     with run_pair(tmp_path, "model_handlers:SlowInferHandler", *args, env=slow) as pair:
         sidecar = pair.sidecar
+        url = f"{sidecar.url}/v2/models/toy/infer"
+
+        async def call(http: aiohttp.ClientSession, i: int) -> tuple[int, Any, str | None]:
+            async with http.post(url, json=v2_body([[i, i, i, i]])) as reply:
+                return reply.status, await reply.json(), reply.headers.get("Connection")
+
         async with aiohttp.ClientSession() as http:
-            calls = [asyncio.create_task(infer(http, sidecar, [[i, i, i, i]])) for i in range(10)]
+            calls = [asyncio.create_task(call(http, i)) for i in range(10)]
             await asyncio.to_thread(wait_for, lambda: metric(sidecar, "carpool_queue_items") >= 6)
             sidecar.process.send_signal(signal.SIGTERM)
             await asyncio.to_thread(wait_for, lambda: get(sidecar, "/v2/health/ready")[0] == 503)
             # Not ready, but still serving through the drain delay, closing each connection.
-            url = f"{sidecar.url}/v2/models/toy/infer"
             async with http.post(url, json=v2_body([[1, 1, 1, 1]])) as reply:
                 assert reply.status == 200
                 assert reply.headers["Connection"] == "close"
             results = await asyncio.gather(*calls)
-        for i, (status, body) in enumerate(results):
+        for i, (status, body, _) in enumerate(results):
             assert status == 200, body
             assert body["outputs"][0]["data"] == [2 * i + 1] * 4
+        # Those still queued at the SIGTERM were answered after it: they close too.
+        assert sum(connection == "close" for *_, connection in results) >= 6
         assert sidecar.process.wait(15) == 0, sidecar.log()
         assert "drain" in sidecar.log()
 

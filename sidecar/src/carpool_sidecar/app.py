@@ -56,17 +56,28 @@ def error_response(status: int, message: str, extra: dict[str, str] | None = Non
 
 @web.middleware
 async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
-    metrics = request.app[SIDECAR].metrics
+    counted = request.match_info.route.name in INFERENCE_ROUTES
+    return await answered(request, handler(request), request.app[SIDECAR], counted)
+
+
+async def answered(
+    request: web.BaseRequest,
+    handling: Awaitable[web.StreamResponse],
+    sidecar: Front,
+    counted: bool,
+) -> web.StreamResponse:
+    """`handling`'s response, or its error as HTTP: the one place errors become answers. A
+    `counted` request counts in carpool_requests_total and its duration histogram."""
     # Not the loop's clock: uvloop's counts whole milliseconds, from the turn's start.
     counting = (
-        metrics.answering("rest", time.monotonic)
-        if request.match_info.route.name in INFERENCE_ROUTES
+        sidecar.metrics.answering("rest", time.monotonic)
+        if counted
         else contextlib.nullcontext(Answer())
     )
     try:
         with counting as answer:
             try:
-                response = await handler(request)
+                response = await handling
             except web.HTTPException as error:
                 answer.status = error.status
                 raise
@@ -75,21 +86,23 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
                 # status is left unset); aiohttp finds the connection closed and drops it.
                 return web.Response(status=CLIENT_GONE)
             answer.status = response.status
-            return response
     except SidecarError as error:
         response = error_response(error.status, error.message, error.headers)
         if error.close_connection:
             response.force_close()
-        return response
     except web.HTTPException as error:
         # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
-        return error_response(error.status, error.reason)
+        response = error_response(error.status, error.reason)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
-        return error_response(500, INTERNAL_MESSAGE)
+        response = error_response(500, INTERNAL_MESSAGE)
+    if sidecar.dataplane.stopping and not response.prepared:
+        # Served from before the SIGTERM, answered after it: closes too (Connection: close).
+        response.force_close()
+    return response
 
 
-async def read_body(request: web.Request, sidecar: Front, deadline: float) -> bytearray:
+async def read_body(request: web.BaseRequest, sidecar: Front, deadline: float) -> bytearray:
     return await reading.read_body(
         request.content,
         request.content_length,
@@ -108,7 +121,7 @@ def check_model(request: web.Request, sidecar: Front) -> DataPlane:
 
 
 async def send_answer(
-    request: web.Request,
+    request: web.BaseRequest,
     sidecar: Front,
     held: Held | None,
     encode: Callable[[], tuple[Sequence[bytes | memoryview], dict[str, str]]],
@@ -117,18 +130,25 @@ async def send_answer(
     once it never will be."""
     try:
         parts, extra = encode()
-        return await sidecar.sending.send(request, parts, extra)
+        return await sidecar.sending.send(request, parts, extra, close=sidecar.dataplane.stopping)
     finally:
         if held is not None:
             held.release()
 
 
 async def v2_infer(request: web.Request) -> web.StreamResponse:
+    path = request.match_info
+    return await infer(request, request.app[SIDECAR], path["name"], path.get("version"))
+
+
+async def infer(
+    request: web.BaseRequest, sidecar: Front, name: str, version: str | None
+) -> web.StreamResponse:
+    """The v2 infer route, for model `name` (and `version`, if the path gives one)."""
     # The deadline counts from here, not from when the body has been read and parsed.
     arrived_at = asyncio.get_running_loop().time()
-    # Looked up once: each `request.app` is a property call.
-    sidecar = request.app[SIDECAR]
-    dataplane = check_model(request, sidecar)
+    dataplane = sidecar.dataplane
+    dataplane.check_model(name, version)
     timeout_ms = headers.timeout_ms(request.headers)
     header_length = headers.json_header_length(request.headers)
     body = await read_body(request, sidecar, dataplane.deadline(arrived_at, timeout_ms))

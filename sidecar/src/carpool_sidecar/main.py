@@ -117,8 +117,7 @@ async def serve(config: SidecarConfig) -> int:
         return await parent.serve(config)
     sidecar = build_sidecar(config, CollectorRegistry())
     app = front_app(sidecar)
-    runner = app_runner(app, config)
-    await runner.setup()
+    runner = await app_runner(app, config)
     # Unwound in reverse: gRPC stops once the drain has answered its calls, then the runner
     # closes idle keep-alive connections and waits for the answers still being written. On a
     # failed start too, so the app's background tasks end before the loop does.

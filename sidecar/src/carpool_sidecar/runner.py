@@ -10,6 +10,7 @@ from typing import TypeVar
 from aiohttp import web
 
 from carpool_sidecar.config import SidecarConfig
+from carpool_sidecar.hot_routes import serve_hot_routes
 
 # After the drain every accepted request has its answer; this only bounds writing them out.
 SHUTDOWN_TIMEOUT_S = 5.0
@@ -36,8 +37,9 @@ async def signalled() -> None:
     await stop.wait()
 
 
-def app_runner(app: web.Application, config: SidecarConfig) -> web.AppRunner:
-    return web.AppRunner(
+async def app_runner(app: web.Application, config: SidecarConfig) -> web.AppRunner:
+    """The runner of `app`, set up, its v2 infer route served ahead of the router."""
+    runner = web.AppRunner(
         app,
         handler_cancellation=True,
         access_log=None,
@@ -47,3 +49,6 @@ def app_runner(app: web.Application, config: SidecarConfig) -> web.AppRunner:
         # a reset; a stalled body holds its connection no longer than its timeout.
         lingering_time=config.body_timeout_s,
     )
+    await runner.setup()
+    serve_hot_routes(runner)
+    return runner

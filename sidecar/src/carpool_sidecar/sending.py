@@ -39,12 +39,20 @@ class AnswerSending:
         self._done.set()
 
     async def send(
-        self, request: web.Request, parts: Sequence[bytes | memoryview], headers: dict[str, str]
+        self,
+        request: web.BaseRequest,
+        parts: Sequence[bytes | memoryview],
+        headers: dict[str, str],
+        *,
+        close: bool = False,
     ) -> web.StreamResponse:
         """Send a body given in parts (a JSON header, then binary outputs) without joining
-        them; returns once its last byte has gone to the socket."""
+        them; returns once its last byte has gone to the socket. `close`: the connection
+        closes after it (Connection: close)."""
         transport = request.transport
         response = _Answer(headers=headers)
+        if close:
+            response.force_close()
         response.content_length = length = sum(len(part) for part in parts)
         if len(parts) > 1 and length <= CHUNK_BYTES:
             parts = [b"".join(parts)]

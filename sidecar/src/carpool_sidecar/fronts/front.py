@@ -95,8 +95,7 @@ async def serve(link_fd: int, listen_fd: int) -> int:
         raise RuntimeError(f"front process: the first frame is {code}, not CONFIG")
     config: SidecarConfig = pickle.loads(payload)
     front = build_front(config, CollectorRegistry(), channel)
-    runner = app_runner(front_app(front), config)
-    await runner.setup()
+    runner = await app_runner(front_app(front), config)
     try:
         site = web.SockSite(runner, socket.socket(fileno=listen_fd))
         await site.start()
