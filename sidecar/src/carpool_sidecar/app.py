@@ -102,8 +102,9 @@ async def answered(
     return response
 
 
-async def read_body(request: web.BaseRequest, sidecar: Front, deadline: float) -> bytearray:
-    return await reading.read_body(
+def read_body(request: web.BaseRequest, sidecar: Front, deadline: float) -> Awaitable[bytearray]:
+    # Not a coroutine itself: one frame less between the route and the read.
+    return reading.read_body(
         request.content,
         request.content_length,
         max_bytes=sidecar.config.max_body_bytes,

@@ -319,8 +319,12 @@ def _check_inputs(inputs: Sequence[RequestTensor], metadata: ModelMetadata) -> i
                 f"the model takes {spec.datatype}"
             )
         item_shape = tensor.shape[1:]
-        if len(item_shape) != len(spec.shape) or any(
-            want not in (-1, have) for want, have in zip(spec.shape, item_shape, strict=True)
+        # Equal shapes, the common case, need no look at each dimension.
+        if item_shape != spec.shape and (
+            len(item_shape) != len(spec.shape)
+            or any(
+                want not in (-1, have) for want, have in zip(spec.shape, item_shape, strict=True)
+            )
         ):
             raise BadRequest(
                 f"input {tensor.name!r}: shape {list(tensor.shape)}, the model takes "
