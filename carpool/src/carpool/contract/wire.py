@@ -167,9 +167,12 @@ _BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struc
 _MAP16, _ARRAY16, _COUNT32 = struct.Struct(">BH"), struct.Struct(">BH"), struct.Struct(">BI")
 
 
+_FIXMAPS = [bytes((0x80 | count,)) for count in range(16)]
+
+
 def _map_header(count: int) -> bytes:
     if count < 16:
-        return bytes((0x80 | count,))
+        return _FIXMAPS[count]
     return _MAP16.pack(0xDE, count) if count < 1 << 16 else _COUNT32.pack(0xDF, count)
 
 
