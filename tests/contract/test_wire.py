@@ -98,6 +98,8 @@ def tensor_body(tensor: Any) -> bytes:
         (tensor_body({"datatype": "FP32", "shape": [2], "data": b"\0" * 4}), "needs 2"),
         (tensor_body({"datatype": "FP32", "shape": [1], "data": b"\0" * 5}), "whole number"),
         (tensor_body({"datatype": "FP32", "shape": [-1], "data": b""}), "negative"),
+        (tensor_body({"datatype": "FP32", "shape": {"1": 0}, "data": b"\0" * 4}), "shape must"),
+        (tensor_body({"datatype": "FP32", "shape": "1", "data": b"\0" * 4}), "shape must"),
         (tensor_body({"datatype": "BYTES", "shape": [1], "data": b"abc"}), "list of byte"),
         (tensor_body({"datatype": "BYTES", "shape": [2], "data": ["text", 5]}), "list of byte"),
         (tensor_body({"datatype": "FP32", "shape": [1], "data": [b"abcd"]}), "byte buffer"),

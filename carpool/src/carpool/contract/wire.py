@@ -228,11 +228,13 @@ _new = tuple.__new__
 
 def _unpack_tensor(raw: Any) -> Tensor:
     try:
-        data = raw["data"]
+        data, shape = raw["data"], raw["shape"]
         # Bodies are read with arrays as tuples (hashable, so shapes key `_Checked`).
+        if type(shape) is not tuple:
+            raise TypeError(f"shape must be a list of integers, got {shape!r:.50}")
         tensor = Tensor(
             str(raw["datatype"]),
-            tuple(map(int, raw["shape"])),
+            tuple(map(int, shape)),
             list(data) if type(data) is tuple else data,
         )
     except (KeyError, TypeError, ValueError, OverflowError) as error:
@@ -268,8 +270,8 @@ def _unpack_tensors(raw: Any, checked: _Checked) -> dict[str, Tensor]:
             tensor = _new(Tensor, (datatype, shape, data))
         else:
             tensor = _unpack_tensor(value)
-            if type(tensor.data) is bytes:
-                checked[tensor.datatype, len(tensor.data), value["shape"]] = tensor.shape
+            if type(tensor.data) is bytes:  # later tensors whose shape equals it hit
+                checked[tensor.datatype, len(tensor.data), tensor.shape] = tensor.shape
         tensors[name if type(name) is str else str(name)] = tensor
     return tensors
 
