@@ -218,9 +218,8 @@ def packed_tensor(tensor: Tensor) -> dict[str, Any]:
 
 @pytest.mark.parametrize("count", [1, 15, 16, 70, 70_000])
 def test_bodies_are_the_bytes_msgpack_writes_for_the_documented_documents(count: int) -> None:
-    """The encoders pack by hand what items repeat: whatever the counts and sizes (msgpack's
-    fix, 16- and 32-bit headers), a body is what any msgpack library writes for the document
-    docs/wire-format.md describes."""
+    """Whatever the counts and sizes (msgpack's fix, 16- and 32-bit headers), a body is
+    what any msgpack library writes for the document docs/wire-format.md describes."""
     many = np.arange(count, dtype=np.float32)
     # Outputs as a handler's `output_rows` gives them: views of one buffer.
     rows = memoryview(np.arange(2 * count, dtype=np.int64).tobytes())

@@ -19,7 +19,6 @@ learns from it when the model will be free.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -160,65 +159,9 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
     return name
 
 
-# msgpack, written by hand for the parts every item repeats: a batch's items mostly share
-# their tensors' names, datatypes and shapes, so each such header is packed once per body
-# and the body is one join of headers and buffers (the bytes `msgpack.packb` would write).
-_BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
-_MAP16, _ARRAY16, _COUNT32 = struct.Struct(">BH"), struct.Struct(">BH"), struct.Struct(">BI")
-
-
-_FIXMAPS = [bytes((0x80 | count,)) for count in range(16)]
-
-
-def _map_header(count: int) -> bytes:
-    if count < 16:
-        return _FIXMAPS[count]
-    return _MAP16.pack(0xDE, count) if count < 1 << 16 else _COUNT32.pack(0xDF, count)
-
-
-def _array_header(count: int) -> bytes:
-    if count < 16:
-        return bytes((0x90 | count,))
-    return _ARRAY16.pack(0xDC, count) if count < 1 << 16 else _COUNT32.pack(0xDD, count)
-
-
-def _bin_header(size: int) -> bytes:
-    if size < 1 << 8:
-        return _BIN8.pack(0xC4, size)
-    return _BIN16.pack(0xC5, size) if size < 1 << 16 else _BIN32.pack(0xC6, size)
-
-
-def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-# The headers (`_tensor_header`) a body's tensors share, by name, datatype, shape and size.
-_Headers = dict[tuple[str, str, tuple[int, ...], int], bytes]
-
-
-def _tensor_header(name: str, datatype: str, shape: Sequence[int], size: int) -> bytes:
-    """The packed name and tensor map up to its data (a buffer of `size` bytes; -1: BYTES)."""
-    start = [_pack(name), b"\x83\xa8datatype", _pack(datatype), b"\xa5shape", _pack(shape)]
-    return b"".join([*start, b"\xa4data", _bin_header(size) if size >= 0 else b""])
-
-
-def _pack_tensors(tensors: Mapping[str, Tensor], headers: _Headers, out: list[Any]) -> None:
-    """Append the pieces of a packed map of name to tensor to `out`."""
-    out.append(_map_header(len(tensors)))
-    for name, (datatype, shape, data) in tensors.items():
-        if isinstance(data, list):
-            size = -1  # BYTES
-        else:  # a buffer's bytes: a memoryview's length counts its elements
-            size = data.nbytes if isinstance(data, memoryview) else len(data)
-        key = (name, datatype, shape, size)
-        try:
-            header = headers[key]
-        except KeyError:
-            header = headers[key] = _tensor_header(name, datatype, shape, size)
-        except TypeError:  # a shape given as a list (unhashable) by a handler
-            header = _tensor_header(name, datatype, shape, size)
-        out.append(header)
-        out.append(data if size >= 0 else _pack(data))
+def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
+    # msgpack writes a tuple as an array: the shape needs no list.
+    return {"datatype": tensor.datatype, "shape": tensor.shape, "data": tensor.data}
 
 
 _Checked = dict[tuple[Any, ...], tuple[int, ...]]
@@ -289,12 +232,8 @@ def _loads(body: bytes, key: str) -> tuple[dict[Any, Any], tuple[Any, ...]]:
 
 
 def encode_request(items: Sequence[Item]) -> bytes:
-    out: list[Any] = [b"\x81\xa5items", _array_header(len(items))]
-    headers: _Headers = {}
-    for item in items:
-        out.append(b"\x81\xa6inputs")
-        _pack_tensors(item, headers, out)
-    return b"".join(out)
+    packed = [{"inputs": {name: _pack_tensor(t) for name, t in item.items()}} for item in items]
+    return msgpack.packb({"items": packed}, use_bin_type=True)
 
 
 def decode_request(body: bytes) -> list[dict[str, Tensor]]:
@@ -308,18 +247,18 @@ def decode_request(body: bytes) -> list[dict[str, Tensor]]:
 
 
 def encode_response(results: Sequence[ItemResult], timing: BatchTiming | None = None) -> bytes:
-    out: list[Any] = [b"\x81" if timing is None else b"\x83", b"\xa7results"]
-    out.append(_array_header(len(results)))
-    headers: _Headers = {}
+    packed: list[dict[str, Any]] = []
     for outputs, error, status in results:
         if error is not None:
-            out.append(_pack({"error": error, "status": status}))
+            packed.append({"error": error, "status": status})
         else:
-            out.append(b"\x81\xa7outputs")
-            _pack_tensors(outputs or {}, headers, out)
+            packed.append(
+                {"outputs": {name: _pack_tensor(t) for name, t in (outputs or {}).items()}}
+            )
+    document: dict[str, Any] = {"results": packed}
     if timing is not None:
-        out += [b"\xa8queued_s", _pack(timing.queued_s), b"\xa8worker_s", _pack(timing.worker_s)]
-    return b"".join(out)
+        document["queued_s"], document["worker_s"] = timing.queued_s, timing.worker_s
+    return msgpack.packb(document, use_bin_type=True)
 
 
 def decode_response(body: bytes) -> list[ItemResult]:
