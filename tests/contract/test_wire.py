@@ -98,6 +98,8 @@ def tensor_body(tensor: Any) -> bytes:
         (tensor_body({"datatype": "FP32", "shape": [2], "data": b"\0" * 4}), "needs 2"),
         (tensor_body({"datatype": "FP32", "shape": [1], "data": b"\0" * 5}), "whole number"),
         (tensor_body({"datatype": "FP32", "shape": [-1], "data": b""}), "negative"),
+        (tensor_body({"datatype": "FP32", "shape": {"1": 0}, "data": b"\0" * 4}), "shape must"),
+        (tensor_body({"datatype": "FP32", "shape": "1", "data": b"\0" * 4}), "shape must"),
         (tensor_body({"datatype": "BYTES", "shape": [1], "data": b"abc"}), "list of byte"),
         (tensor_body({"datatype": "BYTES", "shape": [2], "data": ["text", 5]}), "list of byte"),
         (tensor_body({"datatype": "FP32", "shape": [1], "data": [b"abcd"]}), "byte buffer"),
@@ -208,3 +210,39 @@ def test_a_batch_of_mixed_datatypes_and_shapes_keeps_each_items_own() -> None:
     ]
     for got, sent in zip(decoded, items, strict=True):
         np.testing.assert_array_equal(got["x"].to_numpy(), sent["x"].to_numpy())
+
+
+def packed_tensor(tensor: Tensor) -> dict[str, Any]:
+    return {"datatype": tensor.datatype, "shape": list(tensor.shape), "data": tensor.data}
+
+
+@pytest.mark.parametrize("count", [1, 15, 16, 70, 70_000])
+def test_bodies_are_the_bytes_msgpack_writes_for_the_documented_documents(count: int) -> None:
+    """Whatever the counts and sizes (msgpack's fix, 16- and 32-bit headers), a body is
+    what any msgpack library writes for the document docs/wire-format.md describes."""
+    many = np.arange(count, dtype=np.float32)
+    # Outputs as a handler's `output_rows` gives them: views of one buffer.
+    rows = memoryview(np.arange(2 * count, dtype=np.int64).tobytes())
+    outputs = [{"y": Tensor("INT64", (2,), rows[16 * i : 16 * (i + 1)])} for i in range(count)]
+    item = {
+        "x": Tensor.from_numpy(many),  # a buffer of count * 4 bytes: bin 8, 16 or 32
+        "text": Tensor(BYTES, (2,), [b"a", b"b" * 300]),
+        "listed": Tensor("INT8", [1], b"\1"),  # type: ignore[arg-type]  # a handler's list
+        **{f"k{index}": Tensor.from_numpy(np.ones(1, np.uint8)) for index in range(count % 17)},
+    }
+    items = [item] * min(count, 20)
+    expected = {"items": [{"inputs": {k: packed_tensor(t) for k, t in i.items()}} for i in items]}
+    assert wire.encode_request(items) == msgpack.packb(expected, use_bin_type=True)
+
+    results = [ItemResult(outputs=row) for row in outputs]
+    results[len(results) // 2] = ItemResult.failed("bad item", 400)
+    timing = wire.BatchTiming(0.001, 0.25)
+    documents = [
+        {"outputs": {k: packed_tensor(t) for k, t in (r.outputs or {}).items()}}
+        if r.error is None
+        else {"error": r.error, "status": r.status}
+        for r in results
+    ]
+    expected_answer = {"results": documents, "queued_s": 0.001, "worker_s": 0.25}
+    assert wire.encode_response(results, timing) == msgpack.packb(expected_answer)
+    assert wire.encode_response(results) == msgpack.packb({"results": documents})

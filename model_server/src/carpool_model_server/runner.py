@@ -325,7 +325,7 @@ class Runner:
                 f"handler returned {len(outputs)} results for a batch of {accepted_count} items"
             )
         if not prepared.rejected:
-            return [ItemResult(outputs=answer) for answer in outputs]
+            return list(map(ItemResult, outputs))  # outputs first: no keyword to match
         answers = iter(outputs)
         return [
             ItemResult.failed(prepared.rejected[index], InvalidItem.status)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -60,10 +60,11 @@ class WireError(ValueError):
     """A body that does not follow the wire format."""
 
 
-@dataclass(frozen=True, slots=True)
-class Tensor:
+class Tensor(NamedTuple):
     """One named input or output of one item, without its batch dimension."""
 
+    # A named tuple, not a dataclass: a batch builds one per item and input, and a tuple is
+    # built in a third of a frozen dataclass's time.
     datatype: str
     shape: tuple[int, ...]
     # Raw little-endian buffer for numeric datatypes; one element per entry for BYTES.
@@ -123,8 +124,7 @@ class Tensor:
         return cls(datatype, shape, np.ascontiguousarray(array, dtype=wanted).tobytes())
 
 
-@dataclass(frozen=True, slots=True)
-class ItemResult:
+class ItemResult(NamedTuple):
     """The model server's answer for one item: outputs, or an error with its HTTP status."""
 
     outputs: Mapping[str, Tensor] | None = None
@@ -164,9 +164,22 @@ def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
     return {"datatype": tensor.datatype, "shape": tensor.shape, "data": tensor.data}
 
 
+_Checked = dict[tuple[Any, ...], tuple[int, ...]]
+# A named tuple whose fields are known good, built without its own `__new__` (Python code).
+_new = tuple.__new__
+
+
 def _unpack_tensor(raw: Any) -> Tensor:
     try:
-        tensor = Tensor(str(raw["datatype"]), tuple(map(int, raw["shape"])), raw["data"])
+        data, shape = raw["data"], raw["shape"]
+        # Bodies are read with arrays as tuples (hashable, so shapes key `_Checked`).
+        if type(shape) is not tuple:
+            raise TypeError(f"shape must be a list of integers, got {shape!r:.50}")
+        tensor = Tensor(
+            str(raw["datatype"]),
+            tuple(map(int, shape)),
+            list(data) if type(data) is tuple else data,
+        )
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise WireError(f"malformed tensor: {error}") from error
     tensor.check()
@@ -182,43 +195,38 @@ def _unpack_failure(raw: dict[Any, Any]) -> ItemResult:
     return ItemResult.failed(message, status)
 
 
-# The shapes of the byte buffers a body's tensors checked, by datatype, length and shape as
-# they came: the items of a batch mostly share them, and are not checked again.
-_Checked = dict[tuple[Any, ...], tuple[int, ...]]
-
-
 def _unpack_tensors(raw: Any, checked: _Checked) -> dict[str, Tensor]:
-    if not isinstance(raw, dict):
+    """The tensors of one item. `checked` holds the shapes of the buffers this body's
+    tensors passed `Tensor.check` with, by datatype, length and shape as they came: the
+    items of a batch mostly share them, and are not checked again."""
+    if type(raw) is not dict:
         raise WireError("tensors must be a map of name to tensor")
     tensors = {}
     for name, value in raw.items():
-        kind: tuple[Any, ...] | None = None
-        shape = None
         try:
-            data = value["data"]
-            if type(data) is bytes:
-                kind = (value["datatype"], len(data), *value["shape"])
-                shape = checked.get(kind)
+            data, datatype = value["data"], value["datatype"]
+            # A KeyError for a new kind, a TypeError for one that cannot be (unhashable).
+            shape = checked[datatype, len(data), value["shape"]] if type(data) is bytes else None
         except (KeyError, TypeError):
-            kind = None  # malformed: _unpack_tensor says how
+            shape = None
         if shape is not None:
-            tensor = Tensor(value["datatype"], shape, data)
+            tensor = _new(Tensor, (datatype, shape, data))
         else:
             tensor = _unpack_tensor(value)
-            if kind is not None:
-                checked[kind] = tensor.shape
+            if type(tensor.data) is bytes:  # later tensors whose shape equals it hit
+                checked[tensor.datatype, len(tensor.data), tensor.shape] = tensor.shape
         tensors[name if type(name) is str else str(name)] = tensor
     return tensors
 
 
-def _loads(body: bytes, key: str) -> tuple[dict[Any, Any], list[Any]]:
-    """The document and its list under `key`."""
+def _loads(body: bytes, key: str) -> tuple[dict[Any, Any], tuple[Any, ...]]:
+    """The document and its array under `key`."""
     try:
-        document = msgpack.unpackb(body, raw=False)
+        document = msgpack.unpackb(body, raw=False, use_list=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as error:
         raise WireError(f"body is not msgpack: {error}") from error
-    entries = document.get(key) if isinstance(document, dict) else None
-    if not isinstance(entries, list):
+    entries = document.get(key) if type(document) is dict else None
+    if type(entries) is not tuple:
         raise WireError(f"body must be a map with a list under {key!r}")
     return document, entries
 
@@ -232,7 +240,7 @@ def decode_request(body: bytes) -> list[dict[str, Tensor]]:
     items = []
     checked: _Checked = {}
     for raw in _loads(body, "items")[1]:
-        if not isinstance(raw, dict):
+        if type(raw) is not dict:
             raise WireError("each item must be a map with an 'inputs' map")
         items.append(_unpack_tensors(raw.get("inputs"), checked))
     return items
@@ -240,12 +248,13 @@ def decode_request(body: bytes) -> list[dict[str, Tensor]]:
 
 def encode_response(results: Sequence[ItemResult], timing: BatchTiming | None = None) -> bytes:
     packed: list[dict[str, Any]] = []
-    for result in results:
-        if result.error is not None:
-            packed.append({"error": result.error, "status": result.status})
+    for outputs, error, status in results:
+        if error is not None:
+            packed.append({"error": error, "status": status})
         else:
-            outputs = result.outputs or {}
-            packed.append({"outputs": {name: _pack_tensor(t) for name, t in outputs.items()}})
+            packed.append(
+                {"outputs": {name: _pack_tensor(t) for name, t in (outputs or {}).items()}}
+            )
     document: dict[str, Any] = {"results": packed}
     if timing is not None:
         document["queued_s"], document["worker_s"] = timing.queued_s, timing.worker_s
@@ -262,12 +271,14 @@ def decode_answer(body: bytes) -> tuple[list[ItemResult], BatchTiming | None]:
     results = []
     checked: _Checked = {}
     for raw in entries:
-        if not isinstance(raw, dict):
+        if type(raw) is not dict:
             raise WireError("each result must be a map")
         if "error" in raw:
             results.append(_unpack_failure(raw))
         else:
-            results.append(ItemResult(outputs=_unpack_tensors(raw.get("outputs"), checked)))
+            results.append(
+                _new(ItemResult, (_unpack_tensors(raw.get("outputs"), checked), None, 200))
+            )
     queued, worker = document.get("queued_s"), document.get("worker_s")
     if not (isinstance(queued, float) and isinstance(worker, float)):
         return results, None
