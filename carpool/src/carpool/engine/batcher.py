@@ -74,6 +74,13 @@ class Batcher(Generic[ItemT, ResultT]):
         self._seq = 0
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+        worker = self._timeline.worker.pooled
+        metrics.read_engine(
+            lambda: self._inflight,
+            lambda: worker.fixed_s,
+            lambda: worker.per_item_s,
+            self._timeline.hop_s,
+        )
 
     @property
     def settings(self) -> BatchingSettings:
@@ -300,7 +307,6 @@ class Batcher(Generic[ItemT, ResultT]):
         if key.bucket is not None and (ratio := execution.padding_ratio(parts)) is not None:
             self._metrics.padding_ratio.observe(ratio)
         self._inflight += 1
-        self._metrics.inflight_batches.set(self._inflight)
         token = self._timeline.sent(len(items), key.bucket, time.monotonic())
         task = asyncio.create_task(self._run_batch(parts, items, token))
         self._tasks.add(task)
@@ -331,11 +337,8 @@ class Batcher(Generic[ItemT, ResultT]):
                 finished = time.monotonic()
             timing = answer[1] if answer is not None else None
             self._timeline.answered(token, finished, timing, learn=answer is not None)
-            worker = self._timeline.worker.pooled
-            self._metrics.model_learned(worker.fixed_s, worker.per_item_s, self._timeline.hop_s())
-            self._arrivals.pace(worker.predict(len(items)))
+            self._arrivals.pace(self._timeline.worker.pooled.predict(len(items)))
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
-            self._metrics.inflight_batches.set(self._inflight)
             self._note_idle()
             self._poke()
