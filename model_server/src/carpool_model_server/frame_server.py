@@ -111,13 +111,14 @@ class FrameServer:
         try:
             items = self._service.decode(payload)
             done = self._service.infer_now(items)
+            if done is None:
+                self._answer_later(connection, request_id, self._batch_answer(items))
+                return
+            answer = wire.encode_response(*done)
         except Exception as error:
             _send_error(connection, request_id, error)
             return
-        if done is not None:
-            connection.send(request_id, frames.OK, wire.encode_response(*done))
-        else:
-            self._answer_later(connection, request_id, self._batch_answer(items))
+        connection.send(request_id, frames.OK, answer)
 
     async def _batch_answer(self, items: Sequence[Item]) -> AsyncIterator[tuple[int, bytes]]:
         yield frames.OK, wire.encode_response(*await self._service.infer(items))
