@@ -462,18 +462,19 @@ async def test_a_batch_is_written_before_the_dispatcher_forms_the_next() -> None
     """Two full batches at once: the first goes to the model before the second is formed,
     rather than after it."""
     async with Harness(max_batch_size=2, max_inflight_batches=2, max_wait_ms=10_000) as h:
-        sent_before: list[float] = []
+        queued_at_send: list[int] = []
         send = h.model.send
 
         async def counting(
             items: Sequence[Item], timeout_s: float
         ) -> tuple[list[ItemResult], None]:
-            sent_before.append(h.batches("full"))
+            queued_at_send.append(h.batcher.queued_items)
             return await send(items, timeout_s)
 
         h.model.send = counting  # type: ignore[method-assign]
         await asyncio.gather(*(h.request(float(v)) for v in range(4)))
-        assert sent_before == [1.0, 2.0]
+        # The second batch's items were still queued as the first was sent.
+        assert queued_at_send == [2, 0]
 
 
 async def test_a_lone_caller_is_answered_before_its_batch_is_learned() -> None:

@@ -145,6 +145,18 @@ def test_lengths_are_learned_per_bucket() -> None:
     assert fit.predict(8, 256) == fit.pooled.predict(8)
 
 
+def test_a_bucket_learned_alone_keeps_its_line_once_another_comes() -> None:
+    fit = BucketedFit()
+    clock = 0.0
+    for bucket, fixed, per_item in ((64, 0.002, 0.0001), (1024, 0.010, 0.002)):
+        for _ in range(8):
+            for size in (1, 4, 8):
+                clock += 0.050
+                fit.record(size, bucket, fixed + per_item * size, clock)
+    assert fit.predict(8, 64) == pytest.approx(0.0028, rel=0.05)
+    assert fit.predict(8, 1024) == pytest.approx(0.026, rel=0.05)
+
+
 def test_one_slow_round_trip_does_not_move_the_hop() -> None:
     timeline = ModelTimeline()
     for answered_at in [0.003 * n for n in range(1, 20)]:

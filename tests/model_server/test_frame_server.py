@@ -126,6 +126,31 @@ async def test_refusals_leave_the_connection_serving(
     assert by_id[4][0] == frames.OK and values(wire.decode_response(by_id[4][1])) == [3]
 
 
+async def test_a_lone_batch_that_fails_unexpectedly_is_a_500_and_the_connection_serves(
+    served: tuple[FrameServer, SlowToy, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone brief batch is answered in its frame's own turn, not in a task of its own:
+    an error there is still that batch's answer alone."""
+    _, _, socket = served
+    good = wire.encode_request([item(1)])
+    await raw_call(socket, [frame(1, frames.BATCH, good)], 1)  # its kind is now brief
+    encode = wire.encode_response
+    failures = iter([RuntimeError("boom")])
+
+    def failing_once(*args: object) -> bytes:
+        if (error := next(failures, None)) is not None:
+            raise error
+        return encode(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wire, "encode_response", failing_once)
+    answers = await raw_call(
+        socket, [frame(2, frames.BATCH, good), frame(3, frames.BATCH, good)], 2
+    )
+    by_id = {request_id: (code, payload) for request_id, code, payload in answers}
+    assert by_id[2] == (500, b"internal error: RuntimeError('boom')")
+    assert by_id[3][0] == frames.OK and values(wire.decode_response(by_id[3][1])) == [3]
+
+
 async def test_a_cancelled_batch_does_not_reach_the_model(
     served: tuple[FrameServer, SlowToy, Path],
 ) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from carpool.contract import frames, wire
+from carpool.contract.wire import Item
 from carpool_model_server.errors import ServerError
 from carpool_model_server.service import ModelService
 
@@ -90,9 +92,11 @@ class FrameServer:
                 payload = await reader.readexactly(length)
                 if code == frames.CANCEL:
                     connection.cancel(request_id)
-                elif code in (frames.BATCH, frames.STREAM):
-                    batch = asyncio.create_task(self._answer(connection, request_id, code, payload))
-                    connection.batches[request_id] = batch
+                elif code == frames.BATCH:
+                    self._batch(connection, request_id, payload)
+                elif code == frames.STREAM:
+                    answers = self._service.stream_body(payload)
+                    self._answer_later(connection, request_id, answers)
                 else:
                     connection.send(request_id, 400, f"unknown frame code {code}".encode())
         except (asyncio.IncompleteReadError, ConnectionError) as error:
@@ -101,26 +105,52 @@ class FrameServer:
             await connection.close()
             self._connections.pop(task, None)
 
-    async def _answer(
-        self, connection: _Connection, request_id: int, code: int, payload: bytes
-    ) -> None:
-        # The one place that turns domain errors into frame codes, as app.py does for HTTP.
+    def _batch(self, connection: _Connection, request_id: int, payload: bytes) -> None:
+        """Answer a batch here and now where the model runs it on this thread (no task, no
+        turn of the loop: at one caller, every batch), else from a task of its own."""
         try:
-            if code == frames.BATCH:
-                connection.send(request_id, frames.OK, await self._service.infer_body(payload))
+            items = self._service.decode(payload)
+            done = self._service.infer_now(items)
+            if done is None:
+                self._answer_later(connection, request_id, self._batch_answer(items))
                 return
-            async for answer_code, answer in self._service.stream_body(payload):
-                connection.send(request_id, answer_code, answer)
-                if answer_code == frames.PART:
+            answer = wire.encode_response(*done)
+        except Exception as error:
+            _send_error(connection, request_id, error)
+            return
+        connection.send(request_id, frames.OK, answer)
+
+    async def _batch_answer(self, items: Sequence[Item]) -> AsyncIterator[tuple[int, bytes]]:
+        yield frames.OK, wire.encode_response(*await self._service.infer(items))
+
+    def _answer_later(
+        self, connection: _Connection, request_id: int, answers: AsyncIterator[tuple[int, bytes]]
+    ) -> None:
+        task = asyncio.create_task(self._answer(connection, request_id, answers))
+        connection.batches[request_id] = task
+
+    async def _answer(
+        self, connection: _Connection, request_id: int, answers: AsyncIterator[tuple[int, bytes]]
+    ) -> None:
+        try:
+            async for code, answer in answers:
+                connection.send(request_id, code, answer)
+                if code == frames.PART:
                     # A slow sidecar slows its stream, not the memory of this process.
                     await connection.writer.drain()
-        except ServerError as error:
-            connection.send(request_id, error.status, str(error).encode())
         except Exception as error:
-            log.exception("unexpected error in a framed batch")
-            connection.send(request_id, 500, f"internal error: {error!r}".encode())
+            _send_error(connection, request_id, error)
         finally:
             connection.batches.pop(request_id, None)
+
+
+def _send_error(connection: _Connection, request_id: int, error: Exception) -> None:
+    """The one place that turns domain errors into frame codes, as app.py does for HTTP."""
+    if isinstance(error, ServerError):
+        connection.send(request_id, error.status, str(error).encode())
+        return
+    log.error("unexpected error in a framed batch", exc_info=error)
+    connection.send(request_id, 500, f"internal error: {error!r}".encode())
 
 
 async def _skip(reader: asyncio.StreamReader, length: int) -> None:

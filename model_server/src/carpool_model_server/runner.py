@@ -139,9 +139,8 @@ class Runner:
     async def run_timed(self, items: Sequence[Item]) -> tuple[list[ItemResult], BatchTiming]:
         """`run`, and how long the items waited for the worker and then took on it."""
         arrived = time.monotonic()
-        if self._runs_on_loop(items):
-            answered, started, finished = self._run_measured(items)
-            return answered, BatchTiming(started - arrived, finished - started)
+        if (done := self.run_now(items, arrived)) is not None:
+            return done
         results: list[ItemResult] = []
         first_started = last_finished = arrived
         for start in range(0, len(items), self.max_batch_size):
@@ -157,22 +156,34 @@ class Runner:
                 first_started = started
         return results, BatchTiming(first_started - arrived, last_finished - first_started)
 
-    def _runs_on_loop(self, items: Sequence[Item]) -> bool:
-        """Whether this batch runs on the loop's thread: nothing runs or waits on the worker
-        (a batch beside others keeps the worker's overlap with the loop), no preprocess
-        thread, a handler that may run on another thread, one item, whose kind last ran
-        briefly."""
-        return (
-            len(items) == 1
-            and self._worker.idle
-            and self._preparer is None
-            and not self.handler.one_thread
-            and lone_kind(items[0]) in self._brief
-        )
+    def run_now(
+        self, items: Sequence[Item], arrived: float
+    ) -> tuple[list[ItemResult], BatchTiming] | None:
+        """`run_timed` for a batch that runs on the loop's thread, here and now (a caller
+        spares the task and the turn of the loop an await would take); None for one that
+        takes the worker. Raises DeviceFailed once the device is unusable."""
+        if (kind := self._loop_kind(items)) is None:
+            return None
+        answered, started, finished = self._run_measured(items, None, kind)
+        return answered, BatchTiming(started - arrived, finished - started)
 
-    def _learn(self, item: Item, took: float) -> None:
+    def _loop_kind(self, items: Sequence[Item]) -> Hashable | None:
+        """The kind (`lone_kind`) of a batch that runs on the loop's thread, else None: it
+        does when nothing runs or waits on the worker (a batch beside others keeps the
+        worker's overlap with the loop), with no preprocess thread, for a handler that may
+        run on another thread, and for one item, whose kind last ran briefly."""
+        if (
+            len(items) != 1
+            or not self._worker.idle
+            or self._preparer is not None
+            or self.handler.one_thread
+        ):
+            return None
+        kind = lone_kind(items[0])
+        return kind if kind in self._brief else None
+
+    def _learn(self, kind: Hashable, took: float) -> None:
         """Remember whether a lone item of this kind ran briefly."""
-        kind = lone_kind(item)
         self._brief.pop(kind, None)
         if took <= LOOP_RUN_MAX_S:
             if len(self._brief) >= BRIEF_KINDS_KEPT:
@@ -252,15 +263,19 @@ class Runner:
                     raise RuntimeError(f"warm-up batch of {size} failed: {failed[0]}")
             took = time.monotonic() - started
             if size == 1 and len(examples) == 1:
-                self._learn(examples[0], took)
+                self._learn(lone_kind(examples[0]), took)
             log.info(
                 "warm-up at batch size %d took %.3fs (input shapes: %d)", size, took, len(examples)
             )
 
     def _run_measured(
-        self, items: Sequence[Item], prepared: Prepared[object] | None = None
+        self,
+        items: Sequence[Item],
+        prepared: Prepared[object] | None = None,
+        kind: Hashable | None = None,
     ) -> tuple[list[ItemResult], float, float]:
-        """The results, and when the worker started and finished them."""
+        """The results, and when the worker started and finished them; `kind`, the lone
+        item's when the caller has it."""
         if self.failure is not None:
             raise DeviceFailed(f"the device failed earlier, a restart is pending: {self.failure}")
         started = time.monotonic()
@@ -271,7 +286,7 @@ class Runner:
             raise
         finished = time.monotonic()
         if len(items) == 1:
-            self._learn(items[0], finished - started)
+            self._learn(lone_kind(items[0]) if kind is None else kind, finished - started)
         errors = [r.status for r in results if r.error is not None]
         invalid = errors.count(InvalidItem.status)
         failed = len(errors) - invalid

@@ -42,6 +42,12 @@ class ModelService:
         with self._busy():
             return await self.runner.run_timed(items)
 
+    def infer_now(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming] | None:
+        """`infer` for a batch the model runs on this thread at once (`Runner.run_now`); None
+        for one that waits for the worker: `infer` it."""
+        with self._busy():
+            return self.runner.run_now(items, time.monotonic())
+
     async def stream_body(self, body: bytes) -> AsyncIterator[tuple[int, bytes]]:
         """The frames (code, payload) answering one stream frame (`streaming.answer`)."""
         with self._busy():
@@ -68,11 +74,16 @@ class ModelService:
 
     async def infer_body(self, body: bytes) -> bytes:
         """One batch in the wire format, as the HTTP route and the framed stream carry it."""
+        items = self.decode(body)
+        return wire.encode_response(*(self.infer_now(items) or await self.infer(items)))
+
+    @staticmethod
+    def decode(body: bytes) -> Sequence[Item]:
+        """A batch body's items; BadRequest for a malformed one."""
         try:
-            items = wire.decode_request(body)
+            return wire.decode_request(body)
         except wire.WireError as error:
             raise BadRequest(f"invalid batch body: {error}") from error
-        return wire.encode_response(*await self.infer(items))
 
     def idle_for(self) -> float:
         """Seconds since the last batch finished; 0 while one is in flight."""

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from carpool.contract import frames, wire
 from carpool.engine.errors import BadModelResponse, ModelUnreachable, SidecarError, Unavailable
@@ -30,8 +30,17 @@ class _Waiter:
     part_limit: int
     # Told each frame's size as it comes; a SidecarError from it cuts the stream.
     arrived: Callable[[int], None] | None = None
-    frames: asyncio.Queue[Answer | SidecarError] = field(default_factory=asyncio.Queue)
+    # A batch's answer is its first frame, a stream's come one by one: a queue for a
+    # stream only (a queue and its event per batch cost more than the batch's own frame).
+    reply: asyncio.Future[Answer | SidecarError] | None = None
+    frames: asyncio.Queue[Answer | SidecarError] | None = None
     part_bytes: int = 0
+
+    def put(self, frame: Answer | SidecarError) -> None:
+        if self.frames is not None:
+            self.frames.put_nowait(frame)
+        elif self.reply is not None and not self.reply.done():
+            self.reply.set_result(frame)
 
 
 class _Link:
@@ -48,11 +57,20 @@ class _Link:
         return self._reading.done()
 
     async def call(self, body: bytes) -> Answer:
-        frames_in = self.exchange(body, frames.BATCH, 0)
+        """One batch frame's answer."""
+        reply: asyncio.Future[Answer | SidecarError] = asyncio.get_running_loop().create_future()
+        request_id = self._expect(_Waiter(0, reply=reply))
         try:
-            return await anext(frames_in)
+            self._write(body, request_id, frames.BATCH)
+            await self._writer.drain()
+            answer = await reply
+        except ConnectionError as error:
+            raise ModelUnreachable(f"model server connection broke: {error!r}") from error
         finally:
-            await frames_in.aclose()
+            self._given_up(request_id)
+        if isinstance(answer, SidecarError):
+            raise answer
+        return answer
 
     async def exchange(
         self,
@@ -63,15 +81,13 @@ class _Link:
     ) -> AsyncGenerator[Answer, None]:
         """Send one frame; its answer's frames, PART ones first (at most `part_limit` bytes
         of them), the final one last, each told to `arrived` as it comes."""
-        if self.broken:  # its reader would never answer
-            raise ModelUnreachable("model server connection closed")
-        request_id = next(self._ids) % frames.ID_MODULUS
-        waiter = self._waiting[request_id] = _Waiter(part_limit, arrived)
+        queue: asyncio.Queue[Answer | SidecarError] = asyncio.Queue()
+        request_id = self._expect(_Waiter(part_limit, arrived, frames=queue))
         try:
-            self._writer.writelines([frames.header(len(body), request_id, code), body])
+            self._write(body, request_id, code)
             await self._writer.drain()
             while True:
-                answer = await waiter.frames.get()
+                answer = await queue.get()
                 if isinstance(answer, SidecarError):
                     raise answer
                 yield answer
@@ -80,9 +96,24 @@ class _Link:
         except ConnectionError as error:
             raise ModelUnreachable(f"model server connection broke: {error!r}") from error
         finally:
-            if self._waiting.pop(request_id, None) is not None and not self._writer.is_closing():
-                # Given up on (timeout, cancelled caller): the model server may skip it.
-                self._writer.write(frames.header(0, request_id, frames.CANCEL))
+            self._given_up(request_id)
+
+    def _expect(self, waiter: _Waiter) -> int:
+        """A request id whose answer's frames are to come to `waiter`."""
+        if self.broken:  # its reader would never answer
+            raise ModelUnreachable("model server connection closed")
+        request_id = next(self._ids) % frames.ID_MODULUS
+        self._waiting[request_id] = waiter
+        return request_id
+
+    def _write(self, body: bytes, request_id: int, code: int) -> None:
+        self._writer.writelines([frames.header(len(body), request_id, code), body])
+
+    def _given_up(self, request_id: int) -> None:
+        """A frame whose answer is no longer awaited (a timeout, a cancelled caller) is
+        cancelled: the model server may skip it."""
+        if self._waiting.pop(request_id, None) is not None and not self._writer.is_closing():
+            self._writer.write(frames.header(0, request_id, frames.CANCEL))
 
     async def close(self) -> None:
         self._reading.cancel()
@@ -106,7 +137,7 @@ class _Link:
             self._writer.close()
             for waiter in self._waiting.values():
                 # One instance each: tracebacks are per raise.
-                waiter.frames.put_nowait(type(failure)(str(failure)))
+                waiter.put(type(failure)(str(failure)))
             self._waiting.clear()
 
     def _deliver(self, request_id: int, code: int, payload: bytes) -> None:
@@ -125,11 +156,11 @@ class _Link:
             del self._waiting[request_id]
             if code == frames.PART:
                 self._writer.write(frames.header(0, request_id, frames.CANCEL))
-            waiter.frames.put_nowait(error)
+            waiter.put(error)
             return
         if code != frames.PART:
             del self._waiting[request_id]
-        waiter.frames.put_nowait((code, payload))
+        waiter.put((code, payload))
 
 
 class FramedBatches:
@@ -176,6 +207,8 @@ class FramedBatches:
             self._link = None
 
     async def _connected(self) -> _Link:
+        if self._link is not None and not self._link.broken:
+            return self._link  # no lock to take: every batch but the first
         async with self._opening:
             if self._link is not None and self._link.broken:
                 await self.close()

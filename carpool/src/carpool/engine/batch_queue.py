@@ -94,15 +94,14 @@ class BatchQueue:
         request.future.add_done_callback(lambda _: self._forget(request, group))
 
     def take(self, group: Group, room: int, now: float) -> list[AnyPart]:
-        """Remove up to `room` items from the group, best first."""
+        """Remove up to `room` items from the group, best first (the batcher counts the
+        queue wait of each request's first part)."""
         parts: list[AnyPart] = []
         while room and (request := group.head()) is not None:
             if request.deadline <= now:
                 # Not worth the model's time: its caller is answered 504 now.
                 request.fail(DeadlineExceeded("deadline passed in the queue"))
                 continue
-            if request.sent == 0:
-                self._metrics.queue_wait.observe(now - request.enqueued_at)
             count = min(room, request.unsent)
             parts.append(Part(request, request.sent, request.sent + count))
             request.sent += count

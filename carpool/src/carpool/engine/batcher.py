@@ -65,6 +65,7 @@ class Batcher(Generic[ItemT, ResultT]):
         self._arrivals = Arrivals()
         self._objective = Objective(self._timeline, self._queue)
         self._drain_set_at = -math.inf
+        self._drain_zero = True  # what carpool_queue_drain_seconds shows
         metrics.keep_objective(settings.latency_objective_s)
         # Batches at the model server. A counter rather than a semaphore: only the dispatcher
         # takes slots, and the limit (maxInflightBatches) can change live.
@@ -74,6 +75,13 @@ class Batcher(Generic[ItemT, ResultT]):
         self._seq = 0
         self._draining = False
         self._tasks: set[asyncio.Task[None]] = set()
+        worker = self._timeline.worker.pooled
+        metrics.read_engine(
+            lambda: self._inflight,
+            lambda: worker.fixed_s,
+            lambda: worker.per_item_s,
+            self._timeline.hop_s,
+        )
 
     @property
     def settings(self) -> BatchingSettings:
@@ -199,6 +207,9 @@ class Batcher(Generic[ItemT, ResultT]):
                     # The batch just launched is written to the model server first.
                     await asyncio.sleep(0)
                     continue
+                if self._due is None:  # no timeout to arm: at one caller, every wait
+                    await self._wake.wait()
+                    continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(self._due):
                         await self._wake.wait()
@@ -227,7 +238,7 @@ class Batcher(Generic[ItemT, ResultT]):
             group, reason = decision
             parts = self._queue.take(group, limits.capacity(group.key), now)
             if parts:
-                self._launch(parts, reason, group.key)
+                self._launch(parts, reason, group.key, now)
                 return AT_ONCE
 
     async def abort(self) -> None:
@@ -268,14 +279,16 @@ class Batcher(Generic[ItemT, ResultT]):
 
     def _drain_gauge(self, limits: Limits, now: float) -> None:
         """carpool_queue_drain_seconds, from this loop's thread, on an event (an arrival, an
-        answer): at once when work starts or ends, at most every DRAIN_GAUGE_S between."""
+        answer): 0 at once when work ends, else at most every DRAIN_GAUGE_S (at one caller,
+        work starts and ends with every request)."""
         if self._queue.items == 0 and self._inflight == 0:
-            if self._drain_set_at != -math.inf:  # not at every idle answer: once
+            if not self._drain_zero:  # not at every idle answer: once
                 self._metrics.queue_drain.set(0.0)
-                self._drain_set_at = -math.inf
+                self._drain_zero = True
         elif now >= self._drain_set_at + DRAIN_GAUGE_S:
             self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
             self._drain_set_at = now
+            self._drain_zero = False
 
     def _poke(self) -> None:
         """Send what may leave now from here rather than by waking the dispatcher, which
@@ -294,17 +307,26 @@ class Batcher(Generic[ItemT, ResultT]):
         if self._queue.items == 0 and self._inflight == 0:
             self._idle.set()
 
-    def _launch(self, parts: list[AnyPart], reason: str, key: BatchKey) -> None:
+    def _launch(self, parts: list[AnyPart], reason: str, key: BatchKey, taken_at: float) -> None:
         items = execution.batch_items(parts)
-        self._metrics.batch_sent(reason, len(items))
-        if key.bucket is not None and (ratio := execution.padding_ratio(parts)) is not None:
-            self._metrics.padding_ratio.observe(ratio)
         self._inflight += 1
-        self._metrics.inflight_batches.set(self._inflight)
         token = self._timeline.sent(len(items), key.bucket, time.monotonic())
         task = asyncio.create_task(self._run_batch(parts, items, token))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Counted once the task has sent the batch (this callback runs after its first
+        # step), while the model runs it: not on the batch's way there.
+        self._loop.call_soon(self._count_sent, parts, reason, key, len(items), taken_at)
+
+    def _count_sent(
+        self, parts: list[AnyPart], reason: str, key: BatchKey, size: int, taken_at: float
+    ) -> None:
+        self._metrics.batch_sent(reason, size)
+        for part in parts:
+            if part.start == 0:  # the request's first batch: its wait in the queue ends
+                self._metrics.queue_wait.observe(taken_at - part.request.enqueued_at)
+        if key.bucket is not None and (ratio := execution.padding_ratio(parts)) is not None:
+            self._metrics.padding_ratio.observe(ratio)
 
     async def _run_batch(self, parts: list[AnyPart], items: list[ItemT], token: int) -> None:
         started = time.monotonic()
@@ -331,11 +353,8 @@ class Batcher(Generic[ItemT, ResultT]):
                 finished = time.monotonic()
             timing = answer[1] if answer is not None else None
             self._timeline.answered(token, finished, timing, learn=answer is not None)
-            worker = self._timeline.worker.pooled
-            self._metrics.model_learned(worker.fixed_s, worker.per_item_s, self._timeline.hop_s())
-            self._arrivals.pace(worker.predict(len(items)))
+            self._arrivals.pace(self._timeline.worker.pooled.predict(len(items)))
             self._metrics.model_duration.observe(finished - started)
             self._inflight -= 1
-            self._metrics.inflight_batches.set(self._inflight)
             self._note_idle()
             self._poke()

@@ -22,6 +22,7 @@ caught up), which follows a model that slows or speeds as a whole within a few b
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Hashable
@@ -40,6 +41,9 @@ CLIP = 2.0
 # The last batches, of any size, whose pace against the line scales it: the median of 3
 # follows a change in two, and one stalled batch moves it one rank.
 PACE_BATCHES = 3
+# BucketedFit's marks of which buckets its batches were of.
+_NONE_YET = object()
+_MIXED = object()
 
 
 def lower_median(samples: list[float]) -> float:
@@ -155,12 +159,15 @@ class DurationFit:
             shortest = min(self._sizes, key=lambda size: self._sizes[size].value)
             self.mean_size = shortest
             return self._sizes[shortest].value, 0.0
-        weights = [(size, entry.value, entry.weight) for size, entry in confirmed]
-        total = sum(w for _, _, w in weights)
-        sx = sum(w * x for x, _, w in weights)
-        sy = sum(w * y for _, y, w in weights)
-        sxx = sum(w * x * x for x, _, w in weights)
-        sxy = sum(w * x * y for x, y, w in weights)
+        # One pass (this runs after every batch): the weighted sums of x, y, x*x and x*y.
+        total = sx = sy = sxx = sxy = 0.0
+        for x, entry in confirmed:
+            w, y = entry.weight, entry.value
+            total += w
+            sx += w * x
+            sy += w * y
+            sxx += w * x * x
+            sxy += w * x * y
         self.mean_size = sx / total
         spread = total * sxx - sx * sx
         slope = (total * sxy - sx * sy) / spread if spread > 1e-12 else 0.0
@@ -176,19 +183,29 @@ class DurationFit:
 
 class BucketedFit:
     """A DurationFit per length bucket (where items pad to the bucket, their length sets the
-    cost), and one over every batch for buckets not learned yet."""
+    cost), and one over every batch for buckets not learned yet. While every batch was of
+    one bucket, that bucket's fit is the pooled one, learned once (at one caller, every
+    batch is learned); it becomes a fit of its own when another bucket comes."""
 
     def __init__(self) -> None:
         self.pooled = DurationFit()
         self._buckets: dict[Hashable, DurationFit] = {}
+        # The bucket of every batch so far: _NONE_YET before the first, _MIXED once two differ.
+        self._sole: Hashable = _NONE_YET
 
     @property
     def known(self) -> bool:
         return self.pooled.known
 
     def record(self, size: int, bucket: Hashable, seconds: float, at: float) -> None:
+        if self._sole is _NONE_YET:
+            self._sole = bucket
+        elif self._sole is not _MIXED and self._sole != bucket:
+            if self._sole is not None:
+                self._buckets[self._sole] = copy.deepcopy(self.pooled)
+            self._sole = _MIXED
         self.pooled.record(size, seconds, at)
-        if bucket is not None:
+        if bucket is not None and self._sole is _MIXED:
             self._buckets.setdefault(bucket, DurationFit()).record(size, seconds, at)
 
     def fit(self, size: int | None, bucket: Hashable) -> DurationFit:

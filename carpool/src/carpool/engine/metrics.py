@@ -150,8 +150,11 @@ class SidecarMetrics:
         self._objective_s = 0.0
         self._model = model
         # Create every labelled child up front so dashboards see zeros, not gaps.
-        for reason in ("full", "timeout", "idle", "model_ready", "drain"):
-            self.batches.labels(model, reason)
+        # batch_sent runs once per batch and labels() is a locked lookup: kept by reason.
+        self._batches_by_reason = {
+            reason: self.batches.labels(model, reason)
+            for reason in ("full", "timeout", "idle", "model_ready", "drain")
+        }
         for reason in (
             "queue_full", "deadline", "too_large", "bad_request", "body_timeout", *LATE_REASONS
         ):  # fmt: skip
@@ -164,13 +167,22 @@ class SidecarMetrics:
         self._answers: dict[tuple[str, int], tuple[Counter, Histogram, Histogram | None]] = {}
 
     def batch_sent(self, reason: str, size: int) -> None:
-        self.batches.labels(self._model, reason).inc()
+        self._batches_by_reason[reason].inc()
         self.batch_size.observe(size)
 
-    def model_learned(self, fixed_s: float, item_s: float, hop_s: float) -> None:
-        self.model_fixed.set(fixed_s)
-        self.model_item.set(item_s)
-        self.model_hop.set(hop_s)
+    def read_engine(
+        self,
+        inflight: Callable[[], float],
+        fixed_s: Callable[[], float],
+        item_s: Callable[[], float],
+        hop_s: Callable[[], float],
+    ) -> None:
+        """Gauges the engine changes with every batch, read when scraped: setting one takes
+        a lock, and at one caller every batch is a request."""
+        self.inflight_batches.set_function(inflight)
+        self.model_fixed.set_function(fixed_s)
+        self.model_item.set_function(item_s)
+        self.model_hop.set_function(hop_s)
 
     def keep_objective(self, objective_s: float) -> None:
         """Count answers within `objective_s` from now on (0: none)."""

@@ -79,7 +79,8 @@ def decide(
             ranked.append(((-head.priority, head.seq), group))
     if not ranked:
         return None
-    ranked.sort(key=lambda pair: pair[0])
+    if len(ranked) > 1:
+        ranked.sort(key=_rank)
     first = ranked[0][1]
     if settings.dispatch == "timed":
         view = outlook(first.key)
@@ -102,6 +103,10 @@ def decide(
     if settings.dispatch != "fixed" and inflight == 0:
         return first, "idle"
     return due
+
+
+def _rank(pair: tuple[tuple[int, int], Group]) -> tuple[int, int]:
+    return pair[0]
 
 
 def _when_ready(
