@@ -12,9 +12,10 @@ in-process variants, greedy only, are left out). The model is a random-weight GP
 shape given with a word-level tokenizer (no download). Served requests go to
 `generate_stream` from `--clients` closed-loop clients; time to first token is to the first
 event (for static batching, the whole answer's), inter-token latency the time between
-events. Rounds alternate the variants; medians are reported, and every
-variant's texts are compared with sequential `generate`'s (with `--skip sequential`, with
-the first served variant's).
+events. The first `--clients` requests arrive together; "later" is the TTFT p50 of the
+rest, each arriving into a running batch. Rounds alternate the variants; medians are
+reported, and every variant's texts are compared with sequential `generate`'s (with `--skip
+sequential`, with the first served variant's).
 
 `--served` names the served variants as handler options, so that settings of the token
 loop can be compared in one run:
@@ -257,15 +258,16 @@ def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any, 
     )
     print(
         "| variant | tokens/s | vs static | TTFT p50 s | TTFT p90 s | lone TTFT s "
-        "| TTFT p50 / lone | ITL p50 ms | ITL p90 ms | texts = reference |"
+        "| TTFT p50 / lone | later p50 / lone | ITL p50 ms | ITL p90 ms | texts = reference |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, measured in runs.items():
         rate = statistics.median(run.rate for run in measured)
-        first = _quantiles([run.first_token_s for run in measured if len(run.first_token_s) > 1])
+        first = _quantiles([run.first_token_s for run in measured])
         gaps = _quantiles([run.gaps_s for run in measured if run.gaps_s], scale=1000)
+        later = _quantiles([run.first_token_s[args.clients :] for run in measured])[0]
         alone = statistics.median(lone[name]) if name in lone else None
-        ratio = f"{float(first[0]) / alone:.1f}" if alone and first[0] != "-" else "-"
+        ratio, later_ratio = _per_lone(first[0], alone), _per_lone(later, alone)
         same = sum(
             text == want
             for run in measured
@@ -274,13 +276,19 @@ def report(runs: dict[str, list[Run]], lone: dict[str, list[float]], args: Any, 
         total = len(reference) * len(measured)
         print(
             f"| {name} | {rate:.0f} | {rate / static_rate:.2f} | {first[0]} | {first[1]} "
-            f"| {'-' if alone is None else f'{alone:.3f}'} | {ratio} | {gaps[0]} | {gaps[1]} "
+            f"| {'-' if alone is None else f'{alone:.3f}'} | {ratio} | {later_ratio} "
+            f"| {gaps[0]} | {gaps[1]} "
             f"| {same}/{total} |"
         )
 
 
+def _per_lone(p50: str, alone: float | None) -> str:
+    return f"{float(p50) / alone:.1f}" if alone and p50 != "-" else "-"
+
+
 def _quantiles(samples: list[list[float]], scale: float = 1.0) -> tuple[str, str]:
     """The medians over runs of each run's p50 and p90, as text; '-' without samples."""
+    samples = [each for each in samples if len(each) > 1]
     if not samples:
         return "-", "-"
     p50 = statistics.median(statistics.quantiles(each, n=10)[4] for each in samples)

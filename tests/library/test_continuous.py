@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,56 @@ async def test_newcomers_prompts_are_prefilled_in_steps_of_their_own(
         prompted.update(request for request, new_token in step if new_token)
     assert len(prompted) == 5
     assert all(len(kind) == 1 for kind in kinds), kinds
+
+
+async def test_of_prompts_waiting_together_the_shortest_gets_its_first_token_first(
+    handler: TextGenerationHandler,
+) -> None:
+    """Prompts that arrived during the same step are prefilled shortest first: a short
+    prompt behind a long one gets its first token at the next step, not once the long
+    one's prefill (split over steps) is done."""
+    assert handler.loop is not None
+    manager = handler.loop._manager
+    scheduler = manager.batch_processor.scheduler
+    entered, gate = threading.Event(), threading.Event()
+    firsts: list[list[int]] = []  # per step: the prompt lengths that get their first token
+    schedule = scheduler.schedule_batch
+
+    def gated(token_budget: int, cache_budget: int) -> Any:
+        entered.set()
+        gate.wait(10.0)  # the loop waits here, new requests pile up in its queue
+        scheduled = schedule(token_budget, cache_budget)
+        if scheduled[0]:
+            firsts.append(
+                [
+                    len(each.state.initial_tokens)
+                    for each in scheduled[0]
+                    if each.has_new_token and not each.state.generated_tokens
+                ]
+            )
+        return scheduled
+
+    scheduler.schedule_batch = gated
+    try:
+        blocker = asyncio.ensure_future(stream(handler, prompt_item("a b c d e", 1)))
+        assert await asyncio.to_thread(entered.wait, 10.0)
+        long_prompt = " ".join(["the", "red", "cat", "sat"] * 10)
+        waiting = [
+            asyncio.ensure_future(stream(handler, prompt_item(prompt, 1)))
+            for prompt in (long_prompt, "small blue dog")
+        ]
+        for _ in range(200):
+            if manager.input_queue.qsize() == 2:
+                break
+            await asyncio.sleep(0.01)
+        gate.set()
+        await asyncio.gather(blocker, *waiting)
+    finally:
+        gate.set()
+        del scheduler.schedule_batch  # the class's own again
+    assert firsts[0] == [5]
+    assert 3 in firsts[1], firsts
+    assert 40 in [length for step in firsts for length in step]
 
 
 async def test_a_stop_string_ends_the_stream_before_it(handler: TextGenerationHandler) -> None:

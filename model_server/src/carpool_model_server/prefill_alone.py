@@ -10,6 +10,13 @@ has new prompts to prefill runs them alone (their own keys only) and the decodin
 wait that step out; steps without new prompts decode as FIFO does. A newcomer's first token
 then costs about a lone prefill plus the rest of the step in progress, and the sequences
 already running lose one short step per arrival.
+
+Prompts waiting together (a burst of arrivals, or several during one step) are prefilled
+shortest first, a prompt split over steps finishing before any other starts: each step is
+filled to its token budget either way, so the work is the same, but the median first token
+comes after the short prompts' prefills rather than after the long ones' before them. A
+long prompt starts with what a step's budget leaves after the shorter ones; it waits longer
+only while shorter ones fill whole steps, and the running batch's cap bounds those.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ class PrefillAloneScheduler(FIFOScheduler):
             if state.status == RequestStatus.PREFILLING
         ]
         if not self.block_new_requests:
-            prompts += self._get_waiting_candidates()
+            prompts += sorted(self._get_waiting_candidates(), key=_prompt_tokens)
         if prompts:
             leaving: set[str] = set()
             scheduled, _, fast, query_tokens, read = self._process_candidates(
@@ -44,6 +51,10 @@ class PrefillAloneScheduler(FIFOScheduler):
                 return scheduled, fast, query_tokens, read
         # No prompt, or none the cache has room for: the decoding sequences go on.
         return super().schedule_batch(token_budget, cache_budget)
+
+
+def _prompt_tokens(state: Any) -> int:
+    return len(state.remaining_prefill_tokens)  # a waiting prompt's whole length
 
 
 def register() -> None:
