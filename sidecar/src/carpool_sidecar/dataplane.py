@@ -12,8 +12,6 @@ import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
 from typing import overload
 
-import numpy as np
-import numpy.typing as npt
 import orjson
 
 from carpool.contract.generation import TEXT_OUTPUT
@@ -419,7 +417,8 @@ def _batch_key(
     """
     by_name = {tensor.name: tensor for tensor in inputs}
     signature: list[tuple[str, str | None, tuple[int, ...]]] = []
-    lengths: npt.NDArray[np.int64] | None = None
+    # Plain lists, not numpy: most requests hold one item, for which numpy's calls cost more.
+    lengths: list[int] | None = None
     for spec in metadata.inputs:
         tensor = by_name.get(spec.name)
         if tensor is None:  # an optional input left out
@@ -432,23 +431,26 @@ def _batch_key(
             continue
         if isinstance(tensor.data, list):
             per_item = element_count(item_shape)
-            sizes = np.fromiter(map(len, tensor.data), dtype=np.int64, count=len(tensor.data))
             if not per_item:
                 continue
-            item_lengths = sizes.reshape(tensor.items, per_item).max(axis=1)
+            sizes = list(map(len, tensor.data))
+            item_lengths = (
+                sizes
+                if per_item == 1
+                else [max(sizes[at : at + per_item]) for at in range(0, len(sizes), per_item)]
+            )
         elif padded:
             varying = [
                 have for want, have in zip(spec.shape, item_shape, strict=True) if want == -1
             ]
-            item_lengths = np.full(tensor.items, element_count(varying), dtype=np.int64)
+            item_lengths = [element_count(varying)] * tensor.items
         else:
             continue
-        lengths = item_lengths if lengths is None else np.maximum(lengths, item_lengths)
+        lengths = item_lengths if lengths is None else list(map(max, lengths, item_lengths))
     settings = generation.settings_bucket(inputs)
     if lengths is None:
         return BatchKey(tuple(signature), settings=settings), None
-    bucket = length_bucket(int(lengths.max()))
-    return BatchKey(tuple(signature), bucket, settings), lengths.tolist()
+    return BatchKey(tuple(signature), length_bucket(max(lengths)), settings), lengths
 
 
 class RequestItems(Sequence[Item]):

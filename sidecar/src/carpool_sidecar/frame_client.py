@@ -12,7 +12,6 @@ cuts the stream), since it waits here until the caller takes it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -43,30 +42,89 @@ class _Waiter:
             self.reply.set_result(frame)
 
 
-class _Link:
-    """One open connection and the batches waiting on it; a reader task owns its input."""
+class _Link(asyncio.Protocol):
+    """One open connection and the batches waiting on it. Its frames are parsed as the bytes
+    come and handed to their waiters from there: no reader task, whose wake-up per frame
+    would stand between every answer and its batch."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writer = writer
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, _Waiter] = {}
         self._ids = itertools.count()
-        self._reading = asyncio.create_task(self._read(reader), name="carpool-model-frames")
+        self._buffer = bytearray()
+        self._closed = False
+        # Set while the transport's buffer is over its high-water mark.
+        self._writable: asyncio.Future[None] | None = None
 
     @property
     def broken(self) -> bool:
-        return self._reading.done()
+        return self._closed
 
-    async def call(self, body: bytes) -> Answer:
-        """One batch frame's answer."""
-        reply: asyncio.Future[Answer | SidecarError] = asyncio.get_running_loop().create_future()
-        request_id = self._expect(_Waiter(0, reply=reply))
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._fail(ModelUnreachable("model server connection closed"))
+        else:
+            self._fail(ModelUnreachable(f"model server connection broke: {exc!r}"))
+
+    def eof_received(self) -> None:
+        self._fail(ModelUnreachable("model server connection closed"))
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    def data_received(self, data: bytes) -> None:
+        # The common case, a whole frame in one read, is parsed from `data` without a copy
+        # into the buffer.
+        view: bytes | bytearray = data
+        if self._buffer:
+            self._buffer += data
+            view = self._buffer
+        start, end = 0, len(view)
+        header_size = frames.HEADER.size
+        while not self._closed and end - start >= header_size:
+            length, request_id, code = frames.HEADER.unpack_from(view, start)
+            if length > wire.MAX_BODY_BYTES:
+                self._fail(BadModelResponse(f"model server sent a frame of {length} bytes"))
+                return
+            if end - start - header_size < length:
+                break
+            payload = bytes(view[start + header_size : start + header_size + length])
+            start += header_size + length
+            self._deliver(request_id, code, payload)
+        if view is self._buffer:
+            del self._buffer[:start]
+        elif start < end:
+            self._buffer += data[start:]
+
+    async def call(self, body: bytes, deadline: float, timeout_s: float) -> Answer:
+        """One batch frame's answer; Unavailable if none came by `deadline` (loop time)."""
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Answer | SidecarError] = loop.create_future()
+        waiter = _Waiter(0, reply=reply)
+        request_id = self._expect(waiter)
+        # A timer that answers the future, not asyncio.timeout (a timeout object and the
+        # task's cancellation): this runs for every batch.
+        expiry = loop.call_at(deadline, _expire, reply, timeout_s)
         try:
             self._write(body, request_id, frames.BATCH)
-            await self._writer.drain()
+            if self._writable is not None:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._drained()
+                except TimeoutError:
+                    raise _late(timeout_s) from None
             answer = await reply
-        except ConnectionError as error:
-            raise ModelUnreachable(f"model server connection broke: {error!r}") from error
         finally:
+            expiry.cancel()
             self._given_up(request_id)
         if isinstance(answer, SidecarError):
             raise answer
@@ -85,7 +143,7 @@ class _Link:
         request_id = self._expect(_Waiter(part_limit, arrived, frames=queue))
         try:
             self._write(body, request_id, code)
-            await self._writer.drain()
+            await self._drained()
             while True:
                 answer = await queue.get()
                 if isinstance(answer, SidecarError):
@@ -93,52 +151,46 @@ class _Link:
                 yield answer
                 if answer[0] != frames.PART:
                     return
-        except ConnectionError as error:
-            raise ModelUnreachable(f"model server connection broke: {error!r}") from error
         finally:
             self._given_up(request_id)
 
     def _expect(self, waiter: _Waiter) -> int:
         """A request id whose answer's frames are to come to `waiter`."""
-        if self.broken:  # its reader would never answer
+        if self._closed:  # nothing would answer
             raise ModelUnreachable("model server connection closed")
         request_id = next(self._ids) % frames.ID_MODULUS
         self._waiting[request_id] = waiter
         return request_id
 
     def _write(self, body: bytes, request_id: int, code: int) -> None:
-        self._writer.writelines([frames.header(len(body), request_id, code), body])
+        assert self._transport is not None
+        self._transport.writelines([frames.header(len(body), request_id, code), body])
+
+    async def _drained(self) -> None:
+        """Once the transport's buffer is back under its high-water mark."""
+        while self._writable is not None:
+            await asyncio.shield(self._writable)
 
     def _given_up(self, request_id: int) -> None:
         """A frame whose answer is no longer awaited (a timeout, a cancelled caller) is
         cancelled: the model server may skip it."""
-        if self._waiting.pop(request_id, None) is not None and not self._writer.is_closing():
-            self._writer.write(frames.header(0, request_id, frames.CANCEL))
+        if self._waiting.pop(request_id, None) is not None and not self._closed:
+            self._write(b"", request_id, frames.CANCEL)
 
     async def close(self) -> None:
-        self._reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reading
+        self._fail(ModelUnreachable("model server connection closed"))
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        failure: SidecarError = ModelUnreachable("model server connection closed")
-        try:
-            while True:
-                head = await reader.readexactly(frames.HEADER.size)
-                length, request_id, code = frames.HEADER.unpack(head)
-                if length > wire.MAX_BODY_BYTES:
-                    failure = BadModelResponse(f"model server sent a frame of {length} bytes")
-                    return
-                payload = await reader.readexactly(length)
-                self._deliver(request_id, code, payload)
-        except (asyncio.IncompleteReadError, ConnectionError) as error:
-            failure = ModelUnreachable(f"model server connection broke: {error!r}")
-        finally:
-            self._writer.close()
-            for waiter in self._waiting.values():
-                # One instance each: tracebacks are per raise.
-                waiter.put(type(failure)(str(failure)))
-            self._waiting.clear()
+    def _fail(self, failure: SidecarError) -> None:
+        """Close the connection; every batch waiting on it hears `failure` at once."""
+        self._closed = True
+        self._buffer.clear()
+        if self._transport is not None:
+            self._transport.close()
+        waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            # One instance each: tracebacks are per raise.
+            waiter.put(type(failure)(str(failure)))
+        self.resume_writing()
 
     def _deliver(self, request_id: int, code: int, payload: bytes) -> None:
         waiter = self._waiting.get(request_id)
@@ -155,12 +207,21 @@ class _Link:
         except SidecarError as error:
             del self._waiting[request_id]
             if code == frames.PART:
-                self._writer.write(frames.header(0, request_id, frames.CANCEL))
+                self._write(b"", request_id, frames.CANCEL)
             waiter.put(error)
             return
         if code != frames.PART:
             del self._waiting[request_id]
         waiter.put((code, payload))
+
+
+def _expire(reply: asyncio.Future[Answer | SidecarError], timeout_s: float) -> None:
+    if not reply.done():
+        reply.set_result(_late(timeout_s))
+
+
+def _late(timeout_s: float) -> Unavailable:
+    return Unavailable(f"model server did not answer within {timeout_s:.3f} s")
 
 
 class FramedBatches:
@@ -173,12 +234,15 @@ class FramedBatches:
 
     async def send(self, body: bytes, timeout_s: float) -> bytes:
         """One batch round trip: the wire response body; SidecarError on any failure."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                link = await self._connected()
-                code, payload = await link.call(body)
-        except TimeoutError as error:
-            raise Unavailable(f"model server did not answer within {timeout_s:.3f} s") from error
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        link = self._link
+        if link is None or link.broken:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    link = await self._connected()
+            except TimeoutError:
+                raise _late(timeout_s) from None
+        code, payload = await link.call(body, deadline, timeout_s)
         if code != frames.OK:
             detail = payload[:300].decode(errors="replace")
             raise Unavailable(f"model server answered {code}: {detail}")
@@ -213,11 +277,9 @@ class FramedBatches:
             if self._link is not None and self._link.broken:
                 await self.close()
             if self._link is None:
+                loop = asyncio.get_running_loop()
                 try:
-                    reader, writer = await asyncio.open_unix_connection(
-                        self._path, limit=wire.MAX_BODY_BYTES
-                    )
+                    _, self._link = await loop.create_unix_connection(_Link, self._path)
                 except OSError as error:
                     raise ModelUnreachable(f"model server unreachable: {error!r}") from error
-                self._link = _Link(reader, writer)
             return self._link
