@@ -13,6 +13,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from carpool import event_loop
 from carpool.contract import frames, wire
 from carpool.engine.errors import BadModelResponse, ModelUnreachable, Unavailable
 from carpool_sidecar.client import ModelClient
@@ -71,6 +72,34 @@ async def test_answers_find_their_callers_in_any_order(tmp_path: Path) -> None:
             await batches.close()
     assert answers == [b"answer to %d" % i for i in range(6)]
     assert len(connections) == 1  # one connection carries them all
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_answers_cut_across_reads_or_joined_in_one_find_their_callers(
+    tmp_path: Path, loop: str
+) -> None:
+    """On either loop the sidecar may run: two answers in one write, then one in pieces."""
+
+    async def joined_then_cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        batch = [await read_frame(reader) for _ in range(3)]
+        answers = [frames.header(len(p) + 3, i, frames.OK) + b"to " + p for i, _, p in batch]
+        writer.write(answers[2] + answers[0])
+        for at in range(0, len(answers[1]), 3):
+            await writer.drain()
+            await asyncio.sleep(0.01)  # each piece a read of its own
+            writer.write(answers[1][at : at + 3])
+        await reader.read()
+
+    async def main() -> list[bytes]:
+        async with frame_server(tmp_path / "f.sock", joined_then_cut):
+            batches = FramedBatches(str(tmp_path / "f.sock"))
+            try:
+                return await asyncio.gather(*(batches.send(b"%d" % i, 5.0) for i in range(3)))
+            finally:
+                await batches.close()
+
+    with asyncio.Runner(loop_factory=event_loop.loop_factory(loop)) as runner:
+        assert runner.run(main()) == [b"to 0", b"to 1", b"to 2"]
 
 
 async def test_a_connection_that_breaks_fails_its_batches_at_once_and_the_next_reconnects(

@@ -15,6 +15,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import cast
 
 from carpool.contract import frames, wire
 from carpool.engine.errors import BadModelResponse, ModelUnreachable, SidecarError, Unavailable
@@ -61,8 +62,8 @@ class _Link(asyncio.Protocol):
         return self._closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are no subclasses of asyncio's, but have their methods.
+        self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is None:
