@@ -10,7 +10,7 @@ from typing import Any
 
 from carpool.contract import wire
 from carpool.contract.metadata import ModelMetadata
-from carpool.contract.wire import Item, ItemResult
+from carpool.contract.wire import Item
 from carpool_model_server.errors import BadRequest, NotReady
 from carpool_model_server.runner import Runner
 from carpool_model_server.streaming import GenerationMetrics, StreamsTokens, answer
@@ -37,16 +37,18 @@ class ModelService:
         await self.runner.load(torch_threads, warmup_sizes, warmup_seconds)
         self.ready = True
 
-    async def infer(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming]:
-        """The items' results, and where their time went."""
+    def answer_now(self, items: Sequence[Item]) -> bytes | None:
+        """The answer body of a batch the model runs on this thread at once
+        (`Runner.run_now`); None for one that waits for the worker: `answer` it."""
         with self._busy():
-            return await self.runner.run_timed(items)
+            done = self.runner.run_now(items, time.monotonic())
+        return None if done is None else wire.encode_response(*done)
 
-    def infer_now(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming] | None:
-        """`infer` for a batch the model runs on this thread at once (`Runner.run_now`); None
-        for one that waits for the worker: `infer` it."""
+    async def answer(self, items: Sequence[Item]) -> bytes:
+        """The batch's answer body: its results, and where their time went."""
         with self._busy():
-            return self.runner.run_now(items, time.monotonic())
+            done = await self.runner.run_timed(items)
+        return wire.encode_response(*done)
 
     async def stream_body(self, body: bytes) -> AsyncIterator[tuple[int, bytes]]:
         """The frames (code, payload) answering one stream frame (`streaming.answer`)."""
@@ -75,7 +77,7 @@ class ModelService:
     async def infer_body(self, body: bytes) -> bytes:
         """One batch in the wire format, as the HTTP route and the framed stream carry it."""
         items = self.decode(body)
-        return wire.encode_response(*(self.infer_now(items) or await self.infer(items)))
+        return self.answer_now(items) or await self.answer(items)
 
     @staticmethod
     def decode(body: bytes) -> Sequence[Item]:
