@@ -110,18 +110,27 @@ class FrameServer:
         turn of the loop: at one caller, every batch), else from a task of its own."""
         try:
             items = self._service.decode(payload)
-            done = self._service.infer_now(items)
-            if done is None:
-                self._answer_later(connection, request_id, self._batch_answer(items))
-                return
-            answer = wire.encode_response(*done)
+            answer = self._service.answer_now(items)
         except Exception as error:
             _send_error(connection, request_id, error)
             return
-        connection.send(request_id, frames.OK, answer)
+        if answer is None:
+            task = asyncio.create_task(self._answer_batch(connection, request_id, items))
+            connection.batches[request_id] = task
+        else:
+            connection.send(request_id, frames.OK, answer)
 
-    async def _batch_answer(self, items: Sequence[Item]) -> AsyncIterator[tuple[int, bytes]]:
-        yield frames.OK, wire.encode_response(*await self._service.infer(items))
+    async def _answer_batch(
+        self, connection: _Connection, request_id: int, items: Sequence[Item]
+    ) -> None:
+        try:
+            answer = await self._service.answer(items)
+        except Exception as error:
+            _send_error(connection, request_id, error)
+        else:
+            connection.send(request_id, frames.OK, answer)
+        finally:
+            connection.batches.pop(request_id, None)
 
     def _answer_later(
         self, connection: _Connection, request_id: int, answers: AsyncIterator[tuple[int, bytes]]

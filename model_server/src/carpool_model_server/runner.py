@@ -43,6 +43,7 @@ from carpool_model_server.worker_thread import WorkerThread
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
+_new = tuple.__new__
 R = TypeVar("R")
 # A lone batch of one item whose kind last ran within this runs on the event loop's thread:
 # a health probe, a cancel or a new frame waits at most about this long. Larger batches mean
@@ -300,17 +301,20 @@ class Runner:
         """One forward pass (of `prepared` when given); if it raises, bisect so that only the
         failing items get the error (`carpool.engine.bisection`)."""
 
+        try:  # the common case, without the plan's machinery
+            return self._forward(items, prepared)
+        except Exception as error:
+            known: Exception | None = self._unless_fatal(error)
+
         def attempt(batch: Sequence[Item]) -> bisection.Outcome[ItemResult]:
+            nonlocal known
+            if known is not None:  # the whole batch's, run above
+                outcome, known = known, None
+                return outcome
             try:
-                return self._forward(batch, prepared if batch is items else None)
+                return self._forward(batch, None)
             except Exception as error:
-                if is_fatal(error):
-                    self.failure = f"{type(error).__name__}: {error}"
-                    log.critical(
-                        "the device is unusable until the process restarts", exc_info=error
-                    )
-                    raise DeviceFailed(f"the device failed: {self.failure}") from error
-                return error
+                return self._unless_fatal(error)
 
         plan = bisection.isolate(
             items,
@@ -320,12 +324,22 @@ class Runner:
         )
         return bisection.run(plan, attempt)
 
+    def _unless_fatal(self, error: Exception) -> Exception:
+        """A forward pass's error, to bisect; DeviceFailed, raised, for one that leaves the
+        device unusable."""
+        if is_fatal(error):
+            self.failure = f"{type(error).__name__}: {error}"
+            log.critical("the device is unusable until the process restarts", exc_info=error)
+            raise DeviceFailed(f"the device failed: {self.failure}") from error
+        return error
+
     def _forward(
         self, items: Sequence[Item], prepared: Prepared[object] | None
     ) -> list[ItemResult]:
-        if prepared is None:
-            prepared = self._preprocess(items)
-        with torch.inference_mode():
+        with torch.inference_mode():  # one for both: entering it costs a microsecond
+            if prepared is None:
+                with self._preprocessing:
+                    prepared = self.handler.preprocess(items)
             accepted_count = len(items) - len(prepared.rejected)
             if prepared.accepted_count != accepted_count:
                 raise InferError(
@@ -340,7 +354,8 @@ class Runner:
                 f"handler returned {len(outputs)} results for a batch of {accepted_count} items"
             )
         if not prepared.rejected:
-            return list(map(ItemResult, outputs))  # outputs first: no keyword to match
+            # Built as tuples (a named tuple's own `__new__` is Python code): one per item.
+            return [_new(ItemResult, (output, None, 200)) for output in outputs]
         answers = iter(outputs)
         return [
             ItemResult.failed(prepared.rejected[index], InvalidItem.status)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from carpool.contract import wire
 from carpool.contract.metadata import ModelMetadata
-from carpool.contract.wire import Item, ItemResult
+from carpool.contract.wire import Item
 from carpool_model_server.errors import BadRequest, NotReady
 from carpool_model_server.runner import Runner
 from carpool_model_server.streaming import GenerationMetrics, StreamsTokens, answer
@@ -21,8 +20,7 @@ class ModelService:
         self.name = name
         self.runner = runner
         self.ready = False
-        self._batches_in_flight = 0
-        self._last_batch_at = time.monotonic()
+        self._in_flight = _InFlight()
         handler = runner.handler
         state = handler.loop_state if isinstance(handler, StreamsTokens) else lambda: None
         self.generation = GenerationMetrics.create(runner.metrics.registry, name, state)
@@ -37,16 +35,18 @@ class ModelService:
         await self.runner.load(torch_threads, warmup_sizes, warmup_seconds)
         self.ready = True
 
-    async def infer(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming]:
-        """The items' results, and where their time went."""
+    def answer_now(self, items: Sequence[Item]) -> bytes | None:
+        """The answer body of a batch the model runs on this thread at once
+        (`Runner.run_now`); None for one that waits for the worker: `answer` it."""
         with self._busy():
-            return await self.runner.run_timed(items)
+            done = self.runner.run_now(items, time.monotonic())
+        return None if done is None else wire.encode_response(*done)
 
-    def infer_now(self, items: Sequence[Item]) -> tuple[list[ItemResult], wire.BatchTiming] | None:
-        """`infer` for a batch the model runs on this thread at once (`Runner.run_now`); None
-        for one that waits for the worker: `infer` it."""
+    async def answer(self, items: Sequence[Item]) -> bytes:
+        """The batch's answer body: its results, and where their time went."""
         with self._busy():
-            return self.runner.run_now(items, time.monotonic())
+            done = await self.runner.run_timed(items)
+        return wire.encode_response(*done)
 
     async def stream_body(self, body: bytes) -> AsyncIterator[tuple[int, bytes]]:
         """The frames (code, payload) answering one stream frame (`streaming.answer`)."""
@@ -60,22 +60,17 @@ class ModelService:
         if isinstance(self.runner.handler, StreamsTokens):
             self.runner.handler.close()
 
-    @contextlib.contextmanager
-    def _busy(self) -> Iterator[None]:
-        """A batch or stream in flight: the server is not idle (`idle_for`) meanwhile."""
+    def _busy(self) -> _InFlight:
+        """A batch or stream in flight, while in its `with`: the server is not idle
+        (`idle_for`) meanwhile."""
         if not self.ready:
             raise NotReady("model is not ready: still loading or warming up")
-        self._batches_in_flight += 1
-        try:
-            yield
-        finally:
-            self._batches_in_flight -= 1
-            self._last_batch_at = time.monotonic()
+        return self._in_flight
 
     async def infer_body(self, body: bytes) -> bytes:
         """One batch in the wire format, as the HTTP route and the framed stream carry it."""
         items = self.decode(body)
-        return wire.encode_response(*(self.infer_now(items) or await self.infer(items)))
+        return self.answer_now(items) or await self.answer(items)
 
     @staticmethod
     def decode(body: bytes) -> Sequence[Item]:
@@ -87,12 +82,30 @@ class ModelService:
 
     def idle_for(self) -> float:
         """Seconds since the last batch finished; 0 while one is in flight."""
-        if self._batches_in_flight:
+        if self._in_flight.count:
             return 0.0
-        return time.monotonic() - self._last_batch_at
+        return time.monotonic() - self._in_flight.last_ended
 
     def metadata(self) -> dict[str, Any]:
         """The model metadata document of `GET /metadata`."""
         declared = self.runner.handler.metadata
         served = ModelMetadata.served(declared, self.name, self.runner.max_batch_size)
         return served.encode()
+
+
+class _InFlight:
+    """Batches and streams in flight, and when the last one ended. A class, not a generator
+    context manager: it wraps every batch, and costs a fifth as much."""
+
+    __slots__ = ("count", "last_ended")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last_ended = time.monotonic()
+
+    def __enter__(self) -> None:
+        self.count += 1
+
+    def __exit__(self, *_: object) -> None:
+        self.count -= 1
+        self.last_ended = time.monotonic()
