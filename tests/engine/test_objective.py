@@ -225,6 +225,25 @@ async def test_the_drain_gauge_predicts_the_queue_and_falls_to_zero() -> None:
         assert sample("carpool_queue_drain_seconds", {"model": "m"}) == 0
 
 
+async def test_the_drain_gauge_sees_a_burst_that_comes_just_after_a_lone_answer() -> None:
+    """The gauge the autoscaler reads: a burst right after the queue emptied shows at once,
+    not a batch later (its 50 ms pacing starts when work starts, not when it ended)."""
+    model = TimedModel()
+    async with running(model, max_inflight_batches=1) as served:
+        await teach(served)
+        await asyncio.sleep(0.2)
+        now = time.monotonic()
+        await served.batcher.submit([now], KEY, now + 30)  # a lone request, then a burst
+        now = time.monotonic()
+        calls = [
+            asyncio.create_task(served.batcher.submit([now], KEY, now + 30)) for _ in range(64)
+        ]
+        await asyncio.sleep(0.005)
+        predicted = served.registry.get_sample_value("carpool_queue_drain_seconds", {"model": "m"})
+        await asyncio.gather(*calls)
+    assert predicted is not None and predicted > 0.1
+
+
 def test_the_margin_settles_where_the_calibrated_share_of_answers_is_in_time() -> None:
     """Answers late by 0 to 100 ms, evenly: the margin is near the share's quantile (98 ms
     for 98 %), and follows a machine that turns faster."""

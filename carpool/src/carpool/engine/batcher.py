@@ -285,13 +285,13 @@ class Batcher(Generic[ItemT, ResultT]):
 
     def _drain_gauge(self, limits: Limits, now: float) -> None:
         """carpool_queue_drain_seconds, from this loop's thread, on an event (an arrival, an
-        answer): 0 at once when work ends, else at most every DRAIN_GAUGE_S (at one caller,
-        work starts and ends with every request)."""
+        answer): at once when work starts or ends, at most every DRAIN_GAUGE_S between (a
+        burst that follows an idle moment shows at once: the autoscaler reads it)."""
         if self._queue.items == 0 and self._inflight == 0:
             if not self._drain_zero:  # not at every idle answer: once
                 self._metrics.queue_drain.set(0.0)
                 self._drain_zero = True
-        elif now >= self._drain_set_at + DRAIN_GAUGE_S:
+        elif self._drain_zero or now >= self._drain_set_at + DRAIN_GAUGE_S:
             self._metrics.queue_drain.set(self._objective.drain_s(limits, now))
             self._drain_set_at = now
             self._drain_zero = False
