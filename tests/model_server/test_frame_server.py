@@ -151,6 +151,22 @@ async def test_a_lone_batch_that_fails_unexpectedly_is_a_500_and_the_connection_
     assert by_id[3][0] == frames.OK and values(wire.decode_response(by_id[3][1])) == [3]
 
 
+async def test_a_lone_batch_read_with_a_larger_one_runs_after_it(
+    served: tuple[FrameServer, SlowToy, Path],
+) -> None:
+    """Frames read together keep their order at the model: a brief lone batch that the loop
+    could run at once does not jump ahead of the batch before it, still on its way to the
+    worker."""
+    _, handler, socket = served
+    lone = wire.encode_request([item(1)])
+    for request_id in range(3):  # the lone kind learned brief, on the worker and the loop
+        await raw_call(socket, [frame(request_id, frames.BATCH, lone)], 1)
+    handler.forwarded.clear()
+    larger = wire.encode_request([item(10 + i) for i in range(4)])
+    await raw_call(socket, [frame(1, frames.BATCH, larger), frame(2, frames.BATCH, lone)], 2)
+    assert handler.forwarded == [10, 1]
+
+
 async def test_a_cancelled_batch_does_not_reach_the_model(
     served: tuple[FrameServer, SlowToy, Path],
 ) -> None:

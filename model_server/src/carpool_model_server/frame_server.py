@@ -56,6 +56,9 @@ class FrameServer:
         self._server: asyncio.Server | None = None
         # The task that serves each connection; asyncio starts them, close() awaits them.
         self._connections: dict[asyncio.Task[None], _Connection] = {}
+        # Batch tasks not done yet, of every connection: while any is, a lone batch waits
+        # its turn rather than run on this thread ahead of one not at the worker yet.
+        self._batch_tasks = 0
 
     async def start(self, path: Path) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=str(path))
@@ -107,18 +110,24 @@ class FrameServer:
 
     def _batch(self, connection: _Connection, request_id: int, payload: bytes) -> None:
         """Answer a batch here and now where the model runs it on this thread (no task, no
-        turn of the loop: at one caller, every batch), else from a task of its own."""
+        turn of the loop: at one caller, every batch) and no batch read before it is still
+        on its way to the worker, else from a task of its own."""
         try:
             items = self._service.decode(payload)
-            answer = self._service.answer_now(items)
+            answer = None if self._batch_tasks else self._service.answer_now(items)
         except Exception as error:
             _send_error(connection, request_id, error)
             return
         if answer is None:
             task = asyncio.create_task(self._answer_batch(connection, request_id, items))
             connection.batches[request_id] = task
+            self._batch_tasks += 1
+            task.add_done_callback(self._batch_done)
         else:
             connection.send(request_id, frames.OK, answer)
+
+    def _batch_done(self, _: asyncio.Task[None]) -> None:
+        self._batch_tasks -= 1
 
     async def _answer_batch(
         self, connection: _Connection, request_id: int, items: Sequence[Item]
