@@ -15,12 +15,16 @@ Prompts waiting together (a burst of arrivals, or several during one step) are p
 shortest first, a prompt split over steps finishing before any other starts: each step is
 filled to its token budget either way, so the work is the same, but the median first token
 comes after the short prompts' prefills rather than after the long ones' before them. A
-long prompt starts with what a step's budget leaves after the shorter ones; it waits longer
-only while shorter ones fill whole steps, and the running batch's cap bounds those.
+long prompt starts with what a step's budget leaves after the shorter ones. So that a
+steady stream of short prompts cannot starve a long one, a prompt that has waited
+PATIENCE_S goes ahead of shorter ones, in arrival order; prompts whose cache was moved to
+the CPU keep the place transformers gives them (first, as they are cheaper to restore).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from transformers.generation.continuous_batching.requests import RequestStatus
@@ -30,6 +34,8 @@ from transformers.generation.continuous_batching.scheduler import (
 )
 
 NAME = "prefill_alone"
+# A waiting prompt older than this is no longer passed over by shorter ones.
+PATIENCE_S = 0.5
 
 
 class PrefillAloneScheduler(FIFOScheduler):
@@ -40,7 +46,7 @@ class PrefillAloneScheduler(FIFOScheduler):
             if state.status == RequestStatus.PREFILLING
         ]
         if not self.block_new_requests:
-            prompts += sorted(self._get_waiting_candidates(), key=_prompt_tokens)
+            prompts += waiting_order(self._get_waiting_candidates(), time.perf_counter())
         if prompts:
             leaving: set[str] = set()
             scheduled, _, fast, query_tokens, read = self._process_candidates(
@@ -53,8 +59,19 @@ class PrefillAloneScheduler(FIFOScheduler):
         return super().schedule_batch(token_budget, cache_budget)
 
 
-def _prompt_tokens(state: Any) -> int:
-    return len(state.remaining_prefill_tokens)  # a waiting prompt's whole length
+def waiting_order(candidates: Sequence[Any], now: float) -> list[Any]:
+    """Waiting requests in the order to prefill them: those restored from the CPU first,
+    then prompts that waited PATIENCE_S by arrival, then the rest shortest first. `now` is
+    on transformers' clock for `created_time`, `time.perf_counter`."""
+
+    def rank(state: Any) -> tuple[int, float]:
+        if state.is_cpu_offloaded:
+            return 0, 0.0  # (a stable sort keeps transformers' order among them)
+        if now - state.created_time >= PATIENCE_S:
+            return 1, state.created_time
+        return 2, len(state.remaining_prefill_tokens)  # a waiting prompt's whole length
+
+    return sorted(candidates, key=rank)
 
 
 def register() -> None:
