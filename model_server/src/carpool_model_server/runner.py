@@ -31,7 +31,7 @@ from typing import ParamSpec, TypeVar
 
 import torch
 
-from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor
+from carpool.contract.wire import BatchTiming, Item, ItemResult, Tensor, answered
 from carpool.engine import bisection
 from carpool_model_server.errors import DeviceFailed, InferError, InvalidItem
 from carpool_model_server.fatal import is_fatal
@@ -43,7 +43,6 @@ from carpool_model_server.worker_thread import WorkerThread
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
-_new = tuple.__new__
 R = TypeVar("R")
 # A lone batch of one item whose kind last ran within this runs on the event loop's thread:
 # a health probe, a cancel or a new frame waits at most about this long. Larger batches mean
@@ -354,8 +353,7 @@ class Runner:
                 f"handler returned {len(outputs)} results for a batch of {accepted_count} items"
             )
         if not prepared.rejected:
-            # Built as tuples (a named tuple's own `__new__` is Python code): one per item.
-            return [_new(ItemResult, (output, None, 200)) for output in outputs]
+            return list(map(answered, outputs))
         answers = iter(outputs)
         return [
             ItemResult.failed(prepared.rejected[index], InvalidItem.status)

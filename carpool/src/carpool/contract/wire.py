@@ -136,6 +136,12 @@ class ItemResult(NamedTuple):
         return cls(error=message, status=status)
 
 
+def answered(outputs: Mapping[str, Tensor]) -> ItemResult:
+    """An item's outputs as its result, built without the named tuple's own `__new__`
+    (Python code): a batch builds one per item."""
+    return tuple.__new__(ItemResult, (outputs, None, 200))
+
+
 Item = Mapping[str, Tensor]
 
 
@@ -165,8 +171,6 @@ def _pack_tensor(tensor: Tensor) -> dict[str, Any]:
 
 
 _Checked = dict[tuple[Any, ...], tuple[int, ...]]
-# A named tuple whose fields are known good, built without its own `__new__` (Python code).
-_new = tuple.__new__
 
 
 def _unpack_tensor(raw: Any) -> Tensor:
@@ -210,7 +214,8 @@ def _unpack_tensors(raw: Any, checked: _Checked) -> dict[str, Tensor]:
         except (KeyError, TypeError):
             shape = None
         if shape is not None:
-            tensor = _new(Tensor, (datatype, shape, data))
+            # Fields known good: built without the named tuple's own `__new__` (Python code).
+            tensor = tuple.__new__(Tensor, (datatype, shape, data))
         else:
             tensor = _unpack_tensor(value)
             if type(tensor.data) is bytes:  # later tensors whose shape equals it hit
@@ -276,9 +281,7 @@ def decode_answer(body: bytes) -> tuple[list[ItemResult], BatchTiming | None]:
         if "error" in raw:
             results.append(_unpack_failure(raw))
         else:
-            results.append(
-                _new(ItemResult, (_unpack_tensors(raw.get("outputs"), checked), None, 200))
-            )
+            results.append(answered(_unpack_tensors(raw.get("outputs"), checked)))
     queued, worker = document.get("queued_s"), document.get("worker_s")
     if not (isinstance(queued, float) and isinstance(worker, float)):
         return results, None
