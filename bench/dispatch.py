@@ -12,7 +12,8 @@ a lone caller would have without batching), then runs bench/limit.py. Prints per
 concurrency the medians over rounds of items/s, items/s over the limit at batch size
 min(c, maxBatchSize), mean batch size, p50, p99 and p99/p50, the batches by reason, the CPU
 seconds per second of the server's front, its model server, the load generator and the
-whole machine (whose cores other work may share: is the machine the bound?), and ratios
+whole machine (whose cores other work may share: is the machine the bound?), the seconds per
+second the first three waited for a core (what stalls requests in flight), and ratios
 paired round by round: each variant over the first policy, and over the unbatched server
 at one client.
 """
@@ -44,12 +45,17 @@ UNBATCHED = "unbatched"
 class Usage:
     """CPU seconds per second during one cell: the server's front (the sidecar, or the
     whole unbatched server), its model server, this load generator, and the whole
-    machine's busy time (the cores are shared: the rest is other work's)."""
+    machine's busy time (the cores are shared: the rest is other work's); and the seconds
+    per second each side was ready to run and waited for a core (on a machine this
+    crowded, requests in flight stall meanwhile: the tail at high concurrency)."""
 
     front: float
     model: float
     generator: float
     machine: float
+    front_waited: float
+    model_waited: float
+    generator_waited: float
 
 
 def _busy_seconds() -> float:
@@ -62,18 +68,23 @@ def _busy_seconds() -> float:
 def _cell(
     server: servers.Running, prepared: list[workload.PreparedRequest], level: int, duration: float
 ) -> tuple[CellResult, Usage]:
-    """One load level, and the CPU each side used meanwhile."""
+    """One load level, and the CPU each side used and waited for meanwhile."""
     generator = psutil.Process()
-    tree, spent, busy = server.cpu_seconds(), sum(generator.cpu_times()[:2]), _busy_seconds()
+    tree, waits = server.cpu_seconds(), server.waited_seconds()
+    spent, busy = sum(generator.cpu_times()[:2]), _busy_seconds()
+    generator_waits = servers.waited_seconds(generator)
     started = time.monotonic()
     (cell,) = asyncio.run(_cells(server.url, prepared, (level,), duration))
     elapsed = time.monotonic() - started
-    after = server.cpu_seconds()
+    after, waits_after = server.cpu_seconds(), server.waited_seconds()
     usage = Usage(
         (after["front"] - tree["front"]) / elapsed,
         (after["model"] - tree["model"]) / elapsed,
         (sum(generator.cpu_times()[:2]) - spent) / elapsed,
         (_busy_seconds() - busy) / elapsed,
+        (waits_after["front"] - waits["front"]) / elapsed,
+        (waits_after["model"] - waits["model"]) / elapsed,
+        (servers.waited_seconds(generator) - generator_waits) / elapsed,
     )
     return cell, usage
 
@@ -130,6 +141,9 @@ def _line(
         f"  cpu front {med(u.front for u in usage):4.2f} model {med(u.model for u in usage):4.2f}"
         f" generator {med(u.generator for u in usage):4.2f}"
         f" machine {med(u.machine for u in usage):4.2f}"
+        f"  waited front {med(u.front_waited for u in usage):4.2f}"
+        f" model {med(u.model_waited for u in usage):4.2f}"
+        f" generator {med(u.generator_waited for u in usage):4.2f}"
     )
 
 

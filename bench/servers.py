@@ -211,6 +211,14 @@ class Running:
         In `carpool serve` the model server is the child whose command line says so; every
         other process of the tree (the sidecar, a supervisor) counts as the front.
         """
+        return self._by_role(lambda process: sum(process.cpu_times()[:2]))
+
+    def waited_seconds(self) -> dict[str, float]:
+        """Time so far the server's processes were ready to run and waited for a core
+        (`waited_seconds`), by the roles of `cpu_seconds`."""
+        return self._by_role(waited_seconds)
+
+    def _by_role(self, measure: Callable[[psutil.Process], float]) -> dict[str, float]:
         totals = {"front": 0.0, "model": 0.0}
         try:
             root = psutil.Process(self.process.pid)
@@ -219,12 +227,27 @@ class Running:
             return totals
         for process in tree:
             try:
-                times = process.cpu_times()
                 role = "model" if "model-server" in process.cmdline() else "front"
+                totals[role] += measure(process)
             except psutil.NoSuchProcess:
                 continue
-            totals[role] += times.user + times.system
         return totals
+
+
+def waited_seconds(process: psutil.Process) -> float:
+    """Seconds the process's threads have so far been ready to run and waited for a core,
+    from Linux's schedstat (0 where the kernel keeps none): on cores shared with other
+    work, a process that waits shows here, not in its CPU time."""
+    tasks = Path(f"/proc/{process.pid}/task")
+    waited = 0
+    try:
+        for task in tasks.iterdir():
+            with suppress(OSError):  # a thread that ended meanwhile
+                waited += int((task / "schedstat").read_text().split()[1])
+    except FileNotFoundError:
+        if not process.is_running():
+            raise psutil.NoSuchProcess(process.pid) from None
+    return waited / 1e9
 
 
 @contextmanager
