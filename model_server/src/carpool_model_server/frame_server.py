@@ -9,10 +9,11 @@ probes, metadata, metrics and `POST /batch`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from carpool.contract import frames, wire
 from carpool.contract.wire import Item
@@ -30,7 +31,8 @@ class _Connection(frames.WriteFlow, asyncio.Protocol):
     def __init__(self, server: FrameServer) -> None:
         self._server = server
         self.transport: asyncio.Transport | None = None
-        self.batches: dict[int, asyncio.Task[None]] = {}
+        # Batches and streams in flight: tasks, or the worker's futures (`answer_later`).
+        self.batches: dict[int, asyncio.Future[Any]] = {}
         self._buffer = bytearray()
         # Bytes of an oversize payload still to be read past.
         self._skipping = 0
@@ -142,21 +144,37 @@ class FrameServer:
 
     def _batch(self, connection: _Connection, request_id: int, payload: bytes) -> None:
         """Answer a batch here and now where the model runs it on this thread (no task, no
-        turn of the loop: at one caller, every batch) and no batch read before it is still
-        on its way to the worker, else from a task of its own."""
+        turn of the loop: at one caller, every batch), else from the worker's answer in the
+        turn it comes (`answer_later`: no task either), else from a task of its own. Only a
+        task is taken while a batch read before this one is still on its way to the
+        worker in a task, so that batches reach the model in the order they came."""
+        answer, later = None, None
         try:
             items = self._service.decode(payload)
-            answer = None if self._batch_tasks else self._service.answer_now(items)
+            if not self._batch_tasks:
+                answer = self._service.answer_now(items)
+                if answer is None:
+                    reply = functools.partial(self._reply, connection, request_id)
+                    later = self._service.answer_later(items, reply)
         except Exception as error:
             _send_error(connection, request_id, error)
             return
-        if answer is None:
+        if answer is not None:
+            connection.send(request_id, frames.OK, answer)
+        elif later is not None:
+            connection.batches[request_id] = later
+        else:
             task = asyncio.create_task(self._answer_batch(connection, request_id, items))
             connection.batches[request_id] = task
             self._batch_tasks += 1
             task.add_done_callback(self._batch_done)
-        else:
+
+    def _reply(self, connection: _Connection, request_id: int, answer: bytes | Exception) -> None:
+        connection.batches.pop(request_id, None)
+        if isinstance(answer, bytes):
             connection.send(request_id, frames.OK, answer)
+        else:
+            _send_error(connection, request_id, answer)
 
     def _batch_done(self, _: asyncio.Task[None]) -> None:
         self._batch_tasks -= 1

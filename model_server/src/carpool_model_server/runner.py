@@ -54,6 +54,8 @@ LOOP_RUN_MAX_S = 0.005
 BRIEF_KINDS_KEPT = 1024
 # Numeric inputs this small (a token limit, a temperature) key a lone item by their values.
 LONE_KIND_VALUE_BYTES = 8
+# A batch's results, and when the worker started and finished it (`time.monotonic`).
+Measured = tuple[list[ItemResult], float, float]
 
 
 def lone_kind(item: Item) -> Hashable:
@@ -155,6 +157,15 @@ class Runner:
             if start == 0:
                 first_started = started
         return results, BatchTiming(first_started - arrived, last_finished - first_started)
+
+    def run_later(self, items: Sequence[Item]) -> asyncio.Future[Measured] | None:
+        """The worker's future of a batch it runs in one call (no preprocess thread, at most
+        the max batch size): its results, and when the worker started and finished them;
+        None for another batch, which `run_timed` takes in steps. Its error is DeviceFailed
+        once the device is unusable."""
+        if self._preparer is not None or len(items) > self.max_batch_size:
+            return None
+        return self._worker.submit(self._run_measured, items)
 
     def run_now(
         self, items: Sequence[Item], arrived: float
@@ -273,7 +284,7 @@ class Runner:
         items: Sequence[Item],
         prepared: Prepared[object] | None = None,
         kind: Hashable | None = None,
-    ) -> tuple[list[ItemResult], float, float]:
+    ) -> Measured:
         """The results, and when the worker started and finished them; `kind`, the lone
         item's when the caller has it."""
         if self.failure is not None:

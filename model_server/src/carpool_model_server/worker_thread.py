@@ -40,13 +40,20 @@ class WorkerThread:
     async def call(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """`function(*args, **kwargs)` on the thread. Cancelled before it starts, it never
         runs; once started, it finishes and its result is dropped."""
+        return await self.submit(function, *args, **kwargs)
+
+    def submit(
+        self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs
+    ) -> asyncio.Future[R]:
+        """`call`'s future, for a caller that answers from its done callback rather than a
+        task's await; cancelling it is cancelling the call."""
         if self._closed:
             raise RuntimeError("the worker thread is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._unfinished += 1
         self._jobs.put((loop, future, functools.partial(function, *args, **kwargs)))
-        return await future
+        return future
 
     def close(self) -> None:
         """Let the call in flight finish; calls not started yet are cancelled."""
