@@ -23,7 +23,15 @@ _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]
 class WorkerThread:
     """Runs the calls given to `call`, one at a time, in order, on one thread."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        around: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        """`around()` is entered once on the thread, around every call it runs: a
+        thread-local mode (such as torch's inference mode) set there once rather than per
+        call."""
+        self._around = around
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
         # Calls given and not yet finished (run, skipped or cancelled), counted on the loop:
@@ -64,6 +72,10 @@ class WorkerThread:
             self._thread.join()
 
     def _serve(self) -> None:
+        with self._around():
+            self._run_jobs()
+
+    def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
             loop, future, function = job
             result: Any = None
