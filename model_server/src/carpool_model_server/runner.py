@@ -160,14 +160,16 @@ class Runner:
                 first_started = started
         return results, BatchTiming(first_started - arrived, last_finished - first_started)
 
-    def run_later(self, items: Sequence[Item]) -> asyncio.Future[Measured] | None:
+    def run_later(
+        self, items: Sequence[Item], settled: Callable[[asyncio.Future[Measured]], None]
+    ) -> asyncio.Future[Measured] | None:
         """The worker's future of a batch it runs in one call (no preprocess thread, at most
         the max batch size): its results, and when the worker started and finished them;
         None for another batch, which `run_timed` takes in steps. Its error is DeviceFailed
-        once the device is unusable."""
+        once the device is unusable. `settled` as `WorkerThread.submit` calls it."""
         if self._preparer is not None or len(items) > self.max_batch_size:
             return None
-        return self._worker.submit(self._run_measured, items)
+        return self._worker.submit(functools.partial(self._run_measured, items), settled)
 
     def run_now(
         self, items: Sequence[Item], arrived: float

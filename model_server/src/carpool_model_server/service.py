@@ -53,11 +53,9 @@ class ModelService:
         for a batch that is to be awaited (`answer`)."""
         in_flight = self._busy()
         arrived = time.monotonic()
-        future = self.runner.run_later(items)
-        if future is None:
-            return None
-        in_flight.__enter__()
-        future.add_done_callback(functools.partial(self._answered, arrived, reply))
+        future = self.runner.run_later(items, functools.partial(self._answered, arrived, reply))
+        if future is not None:
+            in_flight.__enter__()
         return future
 
     def _answered(

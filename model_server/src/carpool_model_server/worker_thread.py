@@ -17,7 +17,8 @@ from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+_Settled = Callable[["asyncio.Future[Any]"], None]
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any], _Settled | None]
 
 
 class WorkerThread:
@@ -48,19 +49,23 @@ class WorkerThread:
     async def call(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """`function(*args, **kwargs)` on the thread. Cancelled before it starts, it never
         runs; once started, it finishes and its result is dropped."""
-        return await self.submit(function, *args, **kwargs)
+        return await self.submit(functools.partial(function, *args, **kwargs))
 
     def submit(
-        self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs
+        self,
+        function: Callable[[], R],
+        settled: Callable[[asyncio.Future[R]], None] | None = None,
     ) -> asyncio.Future[R]:
-        """`call`'s future, for a caller that answers from its done callback rather than a
-        task's await; cancelling it is cancelling the call."""
+        """`call`'s future, for a caller that answers without a task; cancelling it is
+        cancelling the call. `settled(future)` runs once the thread is done with the call
+        (run, skipped or cancelled), in the loop's turn that hears it: a done callback
+        would wait for the next turn."""
         if self._closed:
             raise RuntimeError("the worker thread is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._unfinished += 1
-        self._jobs.put((loop, future, functools.partial(function, *args, **kwargs)))
+        self._jobs.put((loop, future, function, settled))
         return future
 
     def close(self) -> None:
@@ -77,7 +82,7 @@ class WorkerThread:
 
     def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, future, function = job
+            loop, future, function, settled = job
             result: Any = None
             error: BaseException | None = None
             if self._closed:
@@ -88,17 +93,23 @@ class WorkerThread:
                 except BaseException as raised:  # the caller's to handle, as an executor does
                     error = raised
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(self._settle, future, result, error)
+                loop.call_soon_threadsafe(self._settle, future, result, error, settled)
 
     def _settle(
-        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+        self,
+        future: asyncio.Future[Any],
+        result: Any,
+        error: BaseException | None,
+        settled: _Settled | None,
     ) -> None:
         self._unfinished -= 1
         if future.cancelled():
-            return
-        if isinstance(error, asyncio.CancelledError):
+            pass
+        elif isinstance(error, asyncio.CancelledError):
             future.cancel()
         elif error is None:
             future.set_result(result)
         else:
             future.set_exception(error)
+        if settled is not None:
+            settled(future)
