@@ -49,8 +49,8 @@ class ModelService:
     ) -> asyncio.Future[Measured] | None:
         """A batch the worker runs in one call (`Runner.run_later`), whose answer body (or
         error) goes to `reply` on the loop's thread, in the turn the worker's answer comes:
-        no task waits for it. The future cancels the batch; it is done once answered. None
-        for a batch that is to be awaited (`answer`)."""
+        no task waits for it. Cancelling the future cancels the batch (no reply); it
+        is done in the turn of the reply. None for a batch that is to be awaited (`answer`)."""
         in_flight = self._busy()
         arrived = time.monotonic()
         future = self.runner.run_later(items, functools.partial(self._answered, arrived, reply))
