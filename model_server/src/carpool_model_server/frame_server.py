@@ -1,9 +1,10 @@
 """The model server's framed listener (`carpool.contract.frames`): the sidecar's batch path.
 
 Each connection carries many batches and streams at once. Its frames are parsed as its bytes
-come; a batch that waits for the worker thread and every stream run in a task of their own,
-so a connection keeps reading (and cancelling) while they wait. HTTP stays beside it for
-probes, metadata, metrics and `POST /batch`.
+come, and nothing waits in between: a batch on the worker thread is answered when the worker
+hears back (or, one that takes steps, and every stream, from a task of its own), so a
+connection keeps reading (and cancelling) while they wait. HTTP stays beside it for probes,
+metadata, metrics and `POST /batch`.
 """
 
 from __future__ import annotations
