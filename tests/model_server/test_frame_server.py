@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from carpool import event_loop
 from carpool.contract import frames, wire
 from carpool.contract.wire import Tensor
 from carpool.engine.errors import Unavailable
@@ -51,6 +53,12 @@ def values(results: Sequence[wire.ItemResult]) -> list[float]:
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[FrameServer, SlowToy, Path]]:
+    async with serving(tmp_path) as server:
+        yield server
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path) -> AsyncIterator[tuple[FrameServer, SlowToy, Path]]:
     handler = SlowToy(HandlerSettings(None, torch.float32, 16))
     service = ModelService(
         "toy", Runner(handler, torch.device("cpu"), ModelMetrics.create("toy"), 16)
@@ -124,6 +132,48 @@ async def test_refusals_leave_the_connection_serving(
     assert by_id[2] == (413, b"batch of 2048 bytes is over 1024")
     assert by_id[3] == (400, b"unknown frame code 7")
     assert by_id[4][0] == frames.OK and values(wire.decode_response(by_id[4][1])) == [3]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_frames_cut_across_reads_or_joined_in_one_are_each_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """On either loop the model server may run: two frames in one write, an oversize one
+    read past in pieces, then a frame cut into pieces, each piece a read of its own."""
+    monkeypatch.setattr(wire, "MAX_BODY_BYTES", 1024)
+    joined = frame(1, frames.BATCH, wire.encode_request([item(1)])) + frame(
+        2, frames.BATCH, wire.encode_request([item(2), item(3)])
+    )
+    oversize = frame(3, frames.BATCH, b"x" * 2048)
+    cut = frame(4, frames.BATCH, wire.encode_request([item(4)]))
+
+    async def main() -> dict[int, tuple[int, bytes]]:
+        async with serving(tmp_path) as (_, _, socket):
+            reader, writer = await asyncio.open_unix_connection(frames.socket_for(socket))
+            try:
+                writer.write(joined)
+                pieces = [oversize[:5], oversize[5:700], oversize[700:] + cut[:3]]
+                pieces += [cut[at : at + 7] for at in range(3, len(cut), 7)]
+                for piece in pieces:
+                    await writer.drain()
+                    await asyncio.sleep(0.01)  # each piece a read of its own
+                    writer.write(piece)
+                answers = {}
+                async with asyncio.timeout(10):
+                    for _ in range(4):
+                        head = await reader.readexactly(frames.HEADER.size)
+                        length, request_id, code = frames.HEADER.unpack(head)
+                        answers[request_id] = (code, await reader.readexactly(length))
+                return answers
+            finally:
+                writer.close()
+
+    with asyncio.Runner(loop_factory=event_loop.loop_factory(loop)) as runner:
+        answers = runner.run(main())
+    assert answers[3] == (413, b"batch of 2048 bytes is over 1024")
+    for request_id, expected in [(1, [3]), (2, [5, 7]), (4, [9])]:
+        code, payload = answers[request_id]
+        assert code == frames.OK and values(wire.decode_response(payload)) == expected
 
 
 async def test_a_lone_batch_that_fails_unexpectedly_is_a_500_and_the_connection_serves(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 
 from carpool.contract.wire import Item, Tensor
 from carpool_model_server import runner as runner_module
-from carpool_model_server.handler import HandlerSettings
+from carpool_model_server.handler import HandlerSettings, Prepared
 from carpool_model_server.handler_stand_in import Rows, StandInHandler
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner, lone_kind
@@ -76,6 +77,45 @@ async def test_a_lone_brief_batch_of_one_runs_on_the_loop_thread_once_seen_brief
     loop_thread = threading.get_ident()
     assert results[0].outputs is not None
     assert [t == loop_thread for t in handler.threads] == [False, False, False, True, False]
+
+
+async def test_every_step_runs_in_inference_mode_on_either_thread_and_the_loop_leaves_it() -> None:
+    """The worker enters inference mode once for its thread; a lone batch on the loop's
+    thread enters it for its run alone."""
+    modes: list[tuple[str, bool, bool]] = []
+
+    class Modes(Recording):
+        def load(self, device: torch.device) -> None:
+            modes.append(("load", threading.get_ident() == loop, torch.is_inference_mode_enabled()))
+
+        def preprocess(self, batch: Sequence[Item]) -> Prepared[Rows]:
+            step = ("preprocess", threading.get_ident() == loop, torch.is_inference_mode_enabled())
+            modes.append(step)
+            return super().preprocess(batch)
+
+        def postprocess(self, outputs: Rows) -> list[dict[str, Tensor]]:
+            step = ("postprocess", threading.get_ident() == loop, torch.is_inference_mode_enabled())
+            modes.append(step)
+            return super().postprocess(outputs)
+
+    loop = threading.get_ident()
+    runner, handler = make_runner(fixed_ms=0.5, kind=Modes)
+    try:
+        await runner.load(1, [1])  # on the worker; learns the lone kind brief
+        assert modes[0] == ("load", False, True) and all(mode for _, _, mode in modes)
+        modes.clear()
+        await runner.run(items(1))  # the loop's thread
+        await runner.run(items(2))  # the worker
+    finally:
+        runner.close()
+    assert [t == loop for t in handler.threads] == [False, True, False]
+    assert modes == [
+        ("preprocess", True, True),
+        ("postprocess", True, True),
+        ("preprocess", False, True),
+        ("postprocess", False, True),
+    ]
+    assert not torch.is_inference_mode_enabled()
 
 
 async def test_the_loop_stays_responsive_while_a_slow_lone_batch_runs() -> None:

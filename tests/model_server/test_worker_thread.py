@@ -84,3 +84,34 @@ async def test_closing_lets_the_running_call_finish_and_cancels_the_queued_ones(
     assert ran == []
     with pytest.raises(RuntimeError, match="closed"):
         await worker.call(ran.append, "late")
+
+
+async def test_settled_hears_each_call_once_the_thread_is_done_with_it() -> None:
+    """A call cancelled while it waits is heard of when the thread reaches it (and skips
+    it), not when it is cancelled: until then the worker is not idle."""
+    worker = WorkerThread("test-worker")
+    started, release, both = threading.Event(), threading.Event(), asyncio.Event()
+    heard: list[tuple[object, bool, bool]] = []
+
+    def hear(future: asyncio.Future[str]) -> None:
+        outcome = "cancelled" if future.cancelled() else future.result()
+        heard.append((outcome, worker.idle, future.done()))
+        if len(heard) == 2:
+            both.set()
+
+    def block() -> str:
+        started.set()
+        release.wait(10)
+        return "ran"
+
+    try:
+        worker.submit(block, hear)
+        await asyncio.to_thread(started.wait, 10)
+        worker.submit(lambda: "never", hear).cancel()
+        await asyncio.sleep(0.05)
+        assert heard == [] and not worker.idle
+        release.set()
+        await asyncio.wait_for(both.wait(), 10)
+    finally:
+        worker.close()
+    assert heard == [("ran", False, True), ("cancelled", True, True)]

@@ -1,18 +1,20 @@
 """The model server's framed listener (`carpool.contract.frames`): the sidecar's batch path.
 
-Each connection carries many batches and streams at once; every one runs in its own task,
-so a connection keeps reading (and cancelling) while batches wait for the worker thread and
-streams for their tokens. HTTP stays beside it for probes, metadata, metrics and
-`POST /batch`.
+Each connection carries many batches and streams at once. Its frames are parsed as its bytes
+come, and nothing waits in between: a batch on the worker thread is answered when the worker
+hears back (or, one that takes steps, and every stream, from a task of its own), so a
+connection keeps reading (and cancelling) while they wait. HTTP stays beside it for probes,
+metadata, metrics and `POST /batch`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from carpool.contract import frames, wire
 from carpool.contract.wire import Item
@@ -20,21 +22,75 @@ from carpool_model_server.errors import ServerError
 from carpool_model_server.service import ModelService
 
 log = logging.getLogger(__name__)
-# An oversize payload is read past in pieces of this size, never held whole.
-SKIP_CHUNK_BYTES = 1024 * 1024
 PAYLOAD_TOO_LARGE = 413
 
 
-class _Connection:
-    """One sidecar connection: its batches in flight, by request id."""
+class _Connection(frames.WriteFlow, asyncio.Protocol):
+    """One sidecar connection: its frames parsed as the bytes come (no reader task to wake
+    per frame), and its batches and streams in flight, by request id."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
-        self.batches: dict[int, asyncio.Task[None]] = {}
+    def __init__(self, server: FrameServer) -> None:
+        self._server = server
+        self.transport: asyncio.Transport | None = None
+        # Batches and streams in flight: tasks, or the worker's futures (`answer_later`).
+        self.batches: dict[int, asyncio.Future[Any]] = {}
+        self._buffer = bytearray()
+        # Bytes of an oversize payload still to be read past.
+        self._skipping = 0
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are no subclasses of asyncio's, but have their methods.
+        self.transport = cast(asyncio.Transport, transport)
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None or self._buffer or self._skipping:
+            log.info("sidecar connection broke mid-frame: %r", exc)
+        self._buffer.clear()
+        for task in self.batches.values():
+            task.cancel()
+        self.resume_writing()
+        self._server.connections.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        view: bytes | bytearray = data
+        if self._skipping:
+            skipped = min(self._skipping, len(data))
+            self._skipping -= skipped
+            view = data = data[skipped:]
+        # The common case, whole frames in one read, is parsed from `data` without a copy
+        # into the buffer.
+        if self._buffer:
+            self._buffer += data
+            view = self._buffer
+        start, end = 0, len(view)
+        header_size = frames.HEADER.size
+        while end - start >= header_size:
+            length, request_id, code = frames.HEADER.unpack_from(view, start)
+            if length > wire.MAX_BODY_BYTES:
+                message = f"batch of {length} bytes is over {wire.MAX_BODY_BYTES}"
+                self.send(request_id, PAYLOAD_TOO_LARGE, message.encode())
+                start += header_size
+                skipped = min(length, end - start)
+                start += skipped
+                self._skipping = length - skipped
+                continue
+            if end - start - header_size < length:
+                break
+            payload = bytes(view[start + header_size : start + header_size + length])
+            start += header_size + length
+            self._server.received(self, request_id, code, payload)
+        if view is self._buffer:
+            del self._buffer[:start]
+        elif start < end:
+            self._buffer += view[start:]
 
     def send(self, request_id: int, code: int, payload: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.writelines([frames.header(len(payload), request_id, code), payload])
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines([frames.header(len(payload), request_id, code), payload])
 
     def cancel(self, request_id: int) -> None:
         if (task := self.batches.pop(request_id, None)) is not None:
@@ -45,86 +101,81 @@ class _Connection:
         for task in self.batches.values():
             task.cancel()
         await asyncio.gather(*self.batches.values(), return_exceptions=True)
-        self.writer.close()
-        with contextlib.suppress(OSError):
-            await self.writer.wait_closed()
+        if self.transport is not None:
+            self.transport.close()
+        await self.closed
 
 
 class FrameServer:
     def __init__(self, service: ModelService) -> None:
         self._service = service
         self._server: asyncio.Server | None = None
-        # The task that serves each connection; asyncio starts them, close() awaits them.
-        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        # The open connections; close() hangs up on each.
+        self.connections: set[_Connection] = set()
         # Batch tasks not done yet, of every connection: while any is, a lone batch waits
         # its turn rather than run on this thread ahead of one not at the worker yet.
         self._batch_tasks = 0
 
     async def start(self, path: Path) -> None:
-        self._server = await asyncio.start_unix_server(self._serve, path=str(path))
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Connection(self), path=str(path))
         log.info("listening for frames on %s", path)
 
     async def close(self, timeout_s: float) -> None:
         """Stop accepting, let batches in flight finish (up to `timeout_s`), then hang up."""
         if self._server is not None:
             self._server.close()
-        running = [task for c in self._connections.values() for task in c.batches.values()]
+        running = [task for c in self.connections for task in c.batches.values()]
         if running:
             await asyncio.wait(running, timeout=timeout_s)
-        connections = dict(self._connections)
-        for connection in connections.values():
+        for connection in list(self.connections):
             await connection.close()
-        await asyncio.gather(*connections, return_exceptions=True)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        connection = self._connections[task] = _Connection(writer)
-        try:
-            while True:
-                try:
-                    head = await reader.readexactly(frames.HEADER.size)
-                except asyncio.IncompleteReadError:
-                    return  # the sidecar hung up between frames
-                length, request_id, code = frames.HEADER.unpack(head)
-                if length > wire.MAX_BODY_BYTES:
-                    await _skip(reader, length)
-                    message = f"batch of {length} bytes is over {wire.MAX_BODY_BYTES}"
-                    connection.send(request_id, PAYLOAD_TOO_LARGE, message.encode())
-                    continue
-                payload = await reader.readexactly(length)
-                if code == frames.CANCEL:
-                    connection.cancel(request_id)
-                elif code == frames.BATCH:
-                    self._batch(connection, request_id, payload)
-                elif code == frames.STREAM:
-                    answers = self._service.stream_body(payload)
-                    self._answer_later(connection, request_id, answers)
-                else:
-                    connection.send(request_id, 400, f"unknown frame code {code}".encode())
-        except (asyncio.IncompleteReadError, ConnectionError) as error:
-            log.info("sidecar connection broke mid-frame: %r", error)
-        finally:
-            await connection.close()
-            self._connections.pop(task, None)
+    def received(self, connection: _Connection, request_id: int, code: int, payload: bytes) -> None:
+        """One whole frame, read from `connection`."""
+        if code == frames.CANCEL:
+            connection.cancel(request_id)
+        elif code == frames.BATCH:
+            self._batch(connection, request_id, payload)
+        elif code == frames.STREAM:
+            answers = self._service.stream_body(payload)
+            self._answer_later(connection, request_id, answers)
+        else:
+            connection.send(request_id, 400, f"unknown frame code {code}".encode())
 
     def _batch(self, connection: _Connection, request_id: int, payload: bytes) -> None:
         """Answer a batch here and now where the model runs it on this thread (no task, no
-        turn of the loop: at one caller, every batch) and no batch read before it is still
-        on its way to the worker, else from a task of its own."""
+        turn of the loop: at one caller, every batch), else from the worker's answer in the
+        turn it comes (`answer_later`: no task either), else from a task of its own. Only a
+        task is taken while a batch read before this one is still on its way to the
+        worker in a task, so that batches reach the model in the order they came."""
+        answer, later = None, None
         try:
             items = self._service.decode(payload)
-            answer = None if self._batch_tasks else self._service.answer_now(items)
+            if not self._batch_tasks:
+                answer = self._service.answer_now(items)
+                if answer is None:
+                    reply = functools.partial(self._reply, connection, request_id)
+                    later = self._service.answer_later(items, reply)
         except Exception as error:
             _send_error(connection, request_id, error)
             return
-        if answer is None:
+        if answer is not None:
+            connection.send(request_id, frames.OK, answer)
+        elif later is not None:
+            connection.batches[request_id] = later
+        else:
             task = asyncio.create_task(self._answer_batch(connection, request_id, items))
             connection.batches[request_id] = task
             self._batch_tasks += 1
             task.add_done_callback(self._batch_done)
-        else:
+
+    def _reply(self, connection: _Connection, request_id: int, answer: bytes | Exception) -> None:
+        connection.batches.pop(request_id, None)
+        if isinstance(answer, bytes):
             connection.send(request_id, frames.OK, answer)
+        else:
+            _send_error(connection, request_id, answer)
 
     def _batch_done(self, _: asyncio.Task[None]) -> None:
         self._batch_tasks -= 1
@@ -155,7 +206,7 @@ class FrameServer:
                 connection.send(request_id, code, answer)
                 if code == frames.PART:
                     # A slow sidecar slows its stream, not the memory of this process.
-                    await connection.writer.drain()
+                    await connection.drained()
         except Exception as error:
             _send_error(connection, request_id, error)
         finally:
@@ -169,8 +220,3 @@ def _send_error(connection: _Connection, request_id: int, error: Exception) -> N
         return
     log.error("unexpected error in a framed batch", exc_info=error)
     connection.send(request_id, 500, f"internal error: {error!r}".encode())
-
-
-async def _skip(reader: asyncio.StreamReader, length: int) -> None:
-    while length:
-        length -= len(await reader.readexactly(min(length, SKIP_CHUNK_BYTES)))

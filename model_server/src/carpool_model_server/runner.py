@@ -54,6 +54,8 @@ LOOP_RUN_MAX_S = 0.005
 BRIEF_KINDS_KEPT = 1024
 # Numeric inputs this small (a token limit, a temperature) key a lone item by their values.
 LONE_KIND_VALUE_BYTES = 8
+# A batch's results, and when the worker started and finished it (`time.monotonic`).
+Measured = tuple[list[ItemResult], float, float]
 
 
 def lone_kind(item: Item) -> Hashable:
@@ -91,7 +93,9 @@ class Runner:
         self._warmup_item = warmup_item
         # Set once, on the worker thread, by the first fatal error; read by the health probe.
         self.failure: str | None = None
-        self._worker = WorkerThread("carpool-infer")
+        # Every call on the worker runs in inference mode, entered once for the thread: a
+        # batch spares entering and leaving it (a few µs when its caches are cold).
+        self._worker = WorkerThread("carpool-infer", torch.inference_mode)
         self._preparer: ThreadPoolExecutor | None = None
         self._torch_threads: int | None = None
         # The kinds (`lone_kind`) whose last lone item took at most LOOP_RUN_MAX_S, oldest
@@ -155,6 +159,17 @@ class Runner:
             if start == 0:
                 first_started = started
         return results, BatchTiming(first_started - arrived, last_finished - first_started)
+
+    def run_later(
+        self, items: Sequence[Item], settled: Callable[[asyncio.Future[Measured]], None]
+    ) -> asyncio.Future[Measured] | None:
+        """The worker's future of a batch it runs in one call (no preprocess thread, at most
+        the max batch size): its results, and when the worker started and finished them;
+        None for another batch, which `run_timed` takes in steps. Its error is DeviceFailed
+        once the device is unusable. `settled` as `WorkerThread.submit` calls it."""
+        if self._preparer is not None or len(items) > self.max_batch_size:
+            return None
+        return self._worker.submit(functools.partial(self._run_measured, items), settled)
 
     def run_now(
         self, items: Sequence[Item], arrived: float
@@ -233,8 +248,7 @@ class Runner:
             # Set on the thread that runs the model: OpenMP keeps this setting per thread.
             torch.set_num_threads(torch_threads)
         started = time.monotonic()
-        with torch.inference_mode():
-            self.handler.load(self.device)
+        self.handler.load(self.device)  # in inference mode, as every call on the worker
         log.info("loaded %s in %.2fs", type(self.handler).__name__, time.monotonic() - started)
         examples = self.handler.warmup_items() if self._warmup_item is None else [self._warmup_item]
         if not examples:
@@ -273,7 +287,7 @@ class Runner:
         items: Sequence[Item],
         prepared: Prepared[object] | None = None,
         kind: Hashable | None = None,
-    ) -> tuple[list[ItemResult], float, float]:
+    ) -> Measured:
         """The results, and when the worker started and finished them; `kind`, the lone
         item's when the caller has it."""
         if self.failure is not None:
@@ -335,19 +349,21 @@ class Runner:
     def _forward(
         self, items: Sequence[Item], prepared: Prepared[object] | None
     ) -> list[ItemResult]:
-        with torch.inference_mode():  # one for both: entering it costs a microsecond
-            if prepared is None:
-                with self._preprocessing:
-                    prepared = self.handler.preprocess(items)
-            accepted_count = len(items) - len(prepared.rejected)
-            if prepared.accepted_count != accepted_count:
-                raise InferError(
-                    f"handler preprocess accepted {prepared.accepted_count} items but "
-                    f"rejected {len(prepared.rejected)} of {len(items)}"
-                )
-            outputs: list[dict[str, Tensor]] = []
-            if prepared.batch is not None and accepted_count:
-                outputs = list(self.handler.postprocess(self.handler.infer(prepared.batch)))
+        if not torch.is_inference_mode_enabled():  # not on the worker: a lone batch's run
+            with torch.inference_mode():
+                return self._forward(items, prepared)
+        if prepared is None:
+            with self._preprocessing:
+                prepared = self.handler.preprocess(items)
+        accepted_count = len(items) - len(prepared.rejected)
+        if prepared.accepted_count != accepted_count:
+            raise InferError(
+                f"handler preprocess accepted {prepared.accepted_count} items but "
+                f"rejected {len(prepared.rejected)} of {len(items)}"
+            )
+        outputs: list[dict[str, Tensor]] = []
+        if prepared.batch is not None and accepted_count:
+            outputs = list(self.handler.postprocess(self.handler.infer(prepared.batch)))
         if len(outputs) != accepted_count:
             raise InferError(
                 f"handler returned {len(outputs)} results for a batch of {accepted_count} items"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from carpool.contract import wire
 from carpool.contract.metadata import ModelMetadata
-from carpool.contract.wire import Item
+from carpool.contract.wire import BatchTiming, Item
 from carpool_model_server.errors import BadRequest, NotReady
-from carpool_model_server.runner import Runner
+from carpool_model_server.runner import Measured, Runner
 from carpool_model_server.streaming import GenerationMetrics, StreamsTokens, answer
 
 
@@ -41,6 +43,37 @@ class ModelService:
         with self._busy():
             done = self.runner.run_now(items, time.monotonic())
         return None if done is None else wire.encode_response(*done)
+
+    def answer_later(
+        self, items: Sequence[Item], reply: Callable[[bytes | Exception], None]
+    ) -> asyncio.Future[Measured] | None:
+        """A batch the worker runs in one call (`Runner.run_later`), whose answer body (or
+        error) goes to `reply` on the loop's thread, in the turn the worker's answer comes:
+        no task waits for it. Cancelling the future cancels the batch (no reply); it
+        is done in the turn of the reply. None for a batch that is to be awaited (`answer`)."""
+        in_flight = self._busy()
+        arrived = time.monotonic()
+        future = self.runner.run_later(items, functools.partial(self._answered, arrived, reply))
+        if future is not None:
+            in_flight.__enter__()
+        return future
+
+    def _answered(
+        self,
+        arrived: float,
+        reply: Callable[[bytes | Exception], None],
+        future: asyncio.Future[Measured],
+    ) -> None:
+        self._in_flight.__exit__()
+        if future.cancelled():
+            return
+        try:
+            results, started, finished = future.result()
+            body = wire.encode_response(results, BatchTiming(started - arrived, finished - started))
+        except Exception as error:
+            reply(error)
+        else:
+            reply(body)
 
     async def answer(self, items: Sequence[Item]) -> bytes:
         """The batch's answer body: its results, and where their time went."""

@@ -17,13 +17,22 @@ from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
-_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+_Settled = Callable[["asyncio.Future[Any]"], None]
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any], _Settled | None]
 
 
 class WorkerThread:
     """Runs the calls given to `call`, one at a time, in order, on one thread."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        around: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
+        """`around()` is entered once on the thread, around every call it runs: a
+        thread-local mode (such as torch's inference mode) set there once rather than per
+        call."""
+        self._around = around
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._closed = False
         # Calls given and not yet finished (run, skipped or cancelled), counted on the loop:
@@ -40,13 +49,24 @@ class WorkerThread:
     async def call(self, function: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """`function(*args, **kwargs)` on the thread. Cancelled before it starts, it never
         runs; once started, it finishes and its result is dropped."""
+        return await self.submit(functools.partial(function, *args, **kwargs))
+
+    def submit(
+        self,
+        function: Callable[[], R],
+        settled: Callable[[asyncio.Future[R]], None] | None = None,
+    ) -> asyncio.Future[R]:
+        """`call`'s future, for a caller that answers without a task; cancelling it is
+        cancelling the call. `settled(future)` runs once the thread is done with the call
+        (run, skipped or cancelled), in the loop's turn that hears it: a done callback
+        would wait for the next turn."""
         if self._closed:
             raise RuntimeError("the worker thread is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
         self._unfinished += 1
-        self._jobs.put((loop, future, functools.partial(function, *args, **kwargs)))
-        return await future
+        self._jobs.put((loop, future, function, settled))
+        return future
 
     def close(self) -> None:
         """Let the call in flight finish; calls not started yet are cancelled."""
@@ -57,8 +77,12 @@ class WorkerThread:
             self._thread.join()
 
     def _serve(self) -> None:
+        with self._around():
+            self._run_jobs()
+
+    def _run_jobs(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, future, function = job
+            loop, future, function, settled = job
             result: Any = None
             error: BaseException | None = None
             if self._closed:
@@ -69,17 +93,23 @@ class WorkerThread:
                 except BaseException as raised:  # the caller's to handle, as an executor does
                     error = raised
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-                loop.call_soon_threadsafe(self._settle, future, result, error)
+                loop.call_soon_threadsafe(self._settle, future, result, error, settled)
 
     def _settle(
-        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+        self,
+        future: asyncio.Future[Any],
+        result: Any,
+        error: BaseException | None,
+        settled: _Settled | None,
     ) -> None:
         self._unfinished -= 1
         if future.cancelled():
-            return
-        if isinstance(error, asyncio.CancelledError):
+            pass
+        elif isinstance(error, asyncio.CancelledError):
             future.cancel()
         elif error is None:
             future.set_result(result)
         else:
             future.set_exception(error)
+        if settled is not None:
+            settled(future)

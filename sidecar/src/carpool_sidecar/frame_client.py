@@ -43,7 +43,7 @@ class _Waiter:
             self.reply.set_result(frame)
 
 
-class _Link(asyncio.Protocol):
+class _Link(frames.WriteFlow, asyncio.Protocol):
     """One open connection and the batches waiting on it. Its frames are parsed as the bytes
     come and handed to their waiters from there: no reader task, whose wake-up per frame
     would stand between every answer and its batch."""
@@ -54,8 +54,6 @@ class _Link(asyncio.Protocol):
         self._ids = itertools.count()
         self._buffer = bytearray()
         self._closed = False
-        # Set while the transport's buffer is over its high-water mark.
-        self._writable: asyncio.Future[None] | None = None
 
     @property
     def broken(self) -> bool:
@@ -73,14 +71,6 @@ class _Link(asyncio.Protocol):
 
     def eof_received(self) -> None:
         self._fail(ModelUnreachable("model server connection closed"))
-
-    def pause_writing(self) -> None:
-        self._writable = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
-        self._writable = None
 
     def data_received(self, data: bytes) -> None:
         # The common case, a whole frame in one read, is parsed from `data` without a copy
@@ -120,7 +110,7 @@ class _Link(asyncio.Protocol):
             if self._writable is not None:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        await self._drained()
+                        await self.drained()
                 except TimeoutError:
                     raise _late(timeout_s) from None
             answer = await reply
@@ -144,7 +134,7 @@ class _Link(asyncio.Protocol):
         request_id = self._expect(_Waiter(part_limit, arrived, frames=queue))
         try:
             self._write(body, request_id, code)
-            await self._drained()
+            await self.drained()
             while True:
                 answer = await queue.get()
                 if isinstance(answer, SidecarError):
@@ -166,11 +156,6 @@ class _Link(asyncio.Protocol):
     def _write(self, body: bytes, request_id: int, code: int) -> None:
         assert self._transport is not None
         self._transport.writelines([frames.header(len(body), request_id, code), body])
-
-    async def _drained(self) -> None:
-        """Once the transport's buffer is back under its high-water mark."""
-        while self._writable is not None:
-            await asyncio.shield(self._writable)
 
     def _given_up(self, request_id: int) -> None:
         """A frame whose answer is no longer awaited (a timeout, a cancelled caller) is

@@ -20,6 +20,7 @@ answers it 400 (an unknown code); one that streams says so in its metadata
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from pathlib import Path
 from typing import Final
@@ -43,3 +44,25 @@ def socket_for(http_socket: str | Path) -> str:
 
 def header(length: int, request_id: int, code: int) -> bytes:
     return HEADER.pack(length, request_id, code)
+
+
+class WriteFlow:
+    """asyncio's write flow control, for a protocol at either end: `drained` waits while
+    the transport's buffer is over its high-water mark (and not past a hang-up, whose
+    `connection_lost` calls `resume_writing`)."""
+
+    # Set while the transport's buffer is over its high-water mark.
+    _writable: asyncio.Future[None] | None = None
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    async def drained(self) -> None:
+        """Once the transport's buffer is back under its high-water mark."""
+        while self._writable is not None:
+            await asyncio.shield(self._writable)
