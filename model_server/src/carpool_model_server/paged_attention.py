@@ -16,6 +16,7 @@ to transformers' SDPA with its usual mask, unchanged.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -74,6 +75,26 @@ def _layout(
     return layout
 
 
+# Each loop's gathered pages, kept from step to step (by its cache): a new tensor of
+# megabytes for every layer cost several times the copy into it, in page faults.
+_gathered: weakref.WeakKeyDictionary[Any, torch.Tensor] = weakref.WeakKeyDictionary()
+
+
+def _gather(
+    cache: Any, pages_k: torch.Tensor, pages_v: torch.Tensor, table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pages `table` names, keys' and values', into the loop's buffer."""
+    count = len(table)
+    buffer = _gathered.get(cache)
+    if buffer is None or buffer.shape[1] < count:
+        buffer = pages_k.new_empty(2, count, *pages_k.shape[1:])
+        _gathered[cache] = buffer
+    keys, values = buffer[0, :count], buffer[1, :count]
+    torch.index_select(pages_k, 0, table, out=keys)
+    torch.index_select(pages_v, 0, table, out=values)
+    return keys, values
+
+
 def attend(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, heads, step tokens, head size] for the paged cache
@@ -109,8 +130,8 @@ def attend(
     if layout.rows is not None:
         batch = len(layout.rows)
         keys, values = (
-            x.index_select(0, layout.pages).view(batch, layout.width, heads, size).transpose(1, 2)
-            for x in (pages_k, pages_v)
+            x.view(batch, layout.width, heads, size).transpose(1, 2)
+            for x in _gather(cache, pages_k, pages_v, layout.pages)
         )
         queries = query[0].index_select(1, layout.rows).transpose(0, 1).unsqueeze(2)
         out[layout.rows] = scaled_dot_product_attention(
