@@ -35,12 +35,13 @@ class _StepLayout:
         lens_k = (cu_k[1:] - cu_k[:-1]).tolist()
         starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
         reads = read_index.numel() > 0  # none: every sequence's keys are its query tokens'
-        single = [i for i, n in enumerate(lens_q) if n == 1 and reads]
-        # Sequences with several query tokens, alone: (first query, queries, first key, keys).
+        single = [i for i, n in enumerate(lens_q) if n == 1 and reads]  # decoding, batched
+        # The others, each attending alone: (first query, queries, first key, keys). Padding
+        # sequences (no query tokens) have nothing to attend.
         self.alone = [
             (starts_q[i], lens_q[i], starts_k[i], lens_k[i])
             for i in range(len(lens_q))
-            if not (lens_q[i] == 1 and reads)
+            if lens_q[i] and i not in single
         ]
         self.rows: torch.Tensor | None = None
         if single:
