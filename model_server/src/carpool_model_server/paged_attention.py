@@ -47,15 +47,17 @@ class _StepLayout:
         if single:
             # Each decoding sequence's pages in order, padded to the longest with page 0
             # (the cache's trash), and which of the padded batch's keys are its own.
+            on = read_index.device
             width = max(-(-lens_k[i] // page) for i in single)
-            first = torch.tensor([starts_k[i] for i in single])
-            count = torch.tensor([lens_k[i] for i in single])
-            slot = torch.arange(width) * page
+            first = torch.tensor([starts_k[i] for i in single], device=on)
+            count = torch.tensor([lens_k[i] for i in single], device=on)
+            slot = torch.arange(width, device=on) * page
             held = slot[None] < count[:, None]
             token = torch.where(held, first[:, None] + slot[None], 0)
             self.pages = torch.where(held, read_index[token] // page, 0).flatten()
-            self.keep = (torch.arange(width * page)[None] < count[:, None])[:, None, None, :]
-            self.rows = torch.tensor([starts_q[i] for i in single])
+            keys = torch.arange(width * page, device=on)
+            self.keep = (keys[None] < count[:, None])[:, None, None, :]
+            self.rows = torch.tensor([starts_q[i] for i in single], device=on)
             self.width = width * page
 
 
@@ -148,7 +150,8 @@ def attend(
         else:
             own = read_index[first_k : first_k + count_k]
             keys, values = (x.index_select(0, own).transpose(0, 1)[None] for x in (flat_k, flat_v))
-            mask = torch.ones(count_q, count_k, dtype=torch.bool).tril(count_k - count_q)
+            mask = torch.ones(count_q, count_k, dtype=torch.bool, device=query.device)
+            mask = mask.tril(count_k - count_q)
         alone = scaled_dot_product_attention(
             queries, keys, values, mask, is_causal=mask is None, scale=scaling, enable_gqa=gqa
         )
@@ -158,16 +161,16 @@ def attend(
 
 def install(model: Any) -> bool:
     """Set this attention on `model` where it stands in for its own: SDPA, every layer full
-    attention (no sliding window). True if set; `uninstall` puts SDPA back."""
+    attention (no sliding window), on a CPU (the only device it was measured on: an
+    accelerator keeps transformers' way). True if set; `uninstall` puts SDPA back."""
     from transformers import AttentionInterface
     from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
     from transformers.generation.continuous_batching.cache_allocators import FULL_ATTENTION
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     config = model.config.get_text_config()
-    if config._attn_implementation != REPLACES or list(group_layers_by_attn_type(config)) != [
-        FULL_ATTENTION
-    ]:
+    full = list(group_layers_by_attn_type(config)) == [FULL_ATTENTION]
+    if model.device.type != "cpu" or config._attn_implementation != REPLACES or not full:
         return False
     AttentionInterface.register(NAME, attend)
     # Static batches on the model keep SDPA's masks.
