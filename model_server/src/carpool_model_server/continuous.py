@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 # Tokens per page of the paged KV cache.
 PAGE_TOKENS = 32
 # Query tokens of one step, by default: a burst of new prompts is prefilled a few at a time,
-# so the first of them start decoding early, and a step's attention (all its queries over
-# all its keys, without a paged kernel) stays small. Measured in benchmarks.md.
+# so the first of them start decoding early, and a step's attention stays small where it is
+# transformers' own (all its queries over all its keys: see paged_attention.py). Measured in
+# benchmarks.md.
 STEP_TOKENS = 512
 WARMUP_SECONDS = 60.0
 
@@ -104,7 +105,7 @@ class TokenLoop:
     ) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        from carpool_model_server import prefill_alone
+        from carpool_model_server import paged_attention, prefill_alone
 
         prefill_alone.register()
 
@@ -134,6 +135,10 @@ class TokenLoop:
         self._manager: Any = model.init_continuous_batching(
             generation_config=config, continuous_batching_config=sizes
         )
+        # After transformers checked the model's attention for its own way; before the loop's
+        # thread sets up its inputs (no mask over the whole batch for this attention).
+        self._paged = paged_attention.install(model)
+        self._model = model
         self._choice = row_choice.install(self._manager)
         self._device: Any = model.device
         self._ids = itertools.count()
@@ -159,7 +164,11 @@ class TokenLoop:
         return LoopState(len(scheduler.active_requests), len(scheduler.waiting_requests), used)
 
     def stop(self) -> None:
+        from carpool_model_server import paged_attention
+
         self._manager.stop(block=True, timeout=10.0)
+        if self._paged:
+            paged_attention.uninstall(self._model)
 
     async def generate(self, request: Request) -> AsyncGenerator[Piece, None]:
         """The request's answer, piece by piece as its tokens come. Closing the iterator
