@@ -226,6 +226,22 @@ async def test_bad_requests_get_400(pair: Pair, body: object) -> None:
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        b'{"text_input": "the \xff sky"}',
+        b'{"text_input": "the sky", "parameters": {"stop": ["\xff"]}}',
+        b'{"text_input": "the sky", "parameters": {"seed": "\xff"}}',
+    ],
+)
+async def test_text_that_is_not_utf8_gets_400(pair: Pair, body: bytes) -> None:
+    async with aiohttp.ClientSession() as http:
+        for path in (GENERATE, GENERATE + "_stream"):
+            async with http.post(pair.sidecar.url + path, data=body) as reply:
+                assert reply.status == 400, await reply.read()
+                assert "UTF-8" in orjson.loads(await reply.read())["error"]
+
+
+@pytest.mark.parametrize(
     ("body", "words"),
     [
         (request("the " * 5000), "max_element_bytes"),  # 20 kB: 16 bytes per token of context

@@ -183,4 +183,6 @@ def _stop(raw: msgspec.Raw, metadata: ModelMetadata) -> tuple[str, ...] | None:
         value = msgspec.json.decode(text, type=str | list[str])
     except msgspec.ValidationError:
         raise BadRequest(NOT_STOP_STRINGS) from None
+    except UnicodeDecodeError:  # the raw value's strings are read only here
+        raise BadRequest(f"parameter {STOP!r} is not UTF-8 text") from None
     return (value,) if isinstance(value, str) else tuple(value)
