@@ -245,8 +245,11 @@ async def test_text_that_is_not_utf8_gets_400(pair: Pair, body: bytes) -> None:
     ("body", "words"),
     [
         (request("the " * 5000), "max_element_bytes"),  # 20 kB: 16 bytes per token of context
-        (request("the sky", max_tokens=100_000), "outside the model's range [1, 255]"),
+        # Named as the caller named them, not as the model's inputs.
+        (request("the sky", max_tokens=100_000), "parameter 'max_tokens': value 100000 is outside"),
+        (request("the sky", max_tokens=2**40), "parameter 'max_tokens': values out of range"),
         (request("the sky", temperature=1e9), "outside the model's range [0, 100]"),
+        (request("the sky", seed=2**40), "parameter 'seed': values out of range"),
         (request("the sky", stop=["sun"] * 17), "max_elements"),
         (request("the sky", stop=["s" * 257]), "max_element_bytes"),
     ],
