@@ -264,6 +264,15 @@ async def test_settings_past_the_models_bounds_get_400_before_queueing(
     assert batches(pair.sidecar) == before  # the model server never saw it
 
 
+async def test_a_setting_given_as_null_is_as_if_not_given(pair: Pair) -> None:
+    nulls = request("the sky", max_tokens=4, temperature=None, stop=None, seed=None)
+    async with aiohttp.ClientSession() as http:
+        plain = await post(http, pair.sidecar, request("the sky", max_tokens=4))
+        given = await post(http, pair.sidecar, nulls)
+    assert plain[0] == given[0] == 200, (plain, given)
+    assert given[1]["text_output"] == plain[1]["text_output"]
+
+
 async def test_a_tiny_temperature_is_answered_as_greedy(pair: Pair) -> None:
     async with aiohttp.ClientSession() as http:
         greedy = await post(http, pair.sidecar, request("the sky", max_tokens=8))

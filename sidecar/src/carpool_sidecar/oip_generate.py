@@ -167,9 +167,9 @@ def _temperature(value: Any) -> float | None:
 
 def _stop(raw: msgspec.Raw, metadata: ModelMetadata) -> tuple[str, ...] | None:
     """Stop strings: a list of strings, or one string; as many as the model takes."""
-    if not raw:
-        return None
     text = bytes(raw)
+    if not text or text == b"null":  # null: not given, as for the other parameters
+        return None
     if text.startswith(b"["):
         # Strings past the model's limit are counted, not looked at one by one.
         spec = metadata.input(STOP)
