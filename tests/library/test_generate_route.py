@@ -264,6 +264,21 @@ async def test_settings_past_the_models_bounds_get_400_before_queueing(
     assert batches(pair.sidecar) == before  # the model server never saw it
 
 
+async def test_settings_beside_the_text_are_taken_as_among_the_parameters(pair: Pair) -> None:
+    """The extension passes a request's other keys to the model's inputs of their names, as
+    clients of Triton's TensorRT-LLM models send `max_tokens`."""
+    among = request("the sky", max_tokens=3, stop=["sun"])
+    beside = {"text_input": "the sky", "max_tokens": 3, "stop": ["sun"]}
+    async with aiohttp.ClientSession() as http:
+        (status, expected), (beside_status, answer) = await asyncio.gather(
+            post(http, pair.sidecar, among), post(http, pair.sidecar, beside)
+        )
+        twice = await post(http, pair.sidecar, {**among, "max_tokens": 3})
+    assert status == beside_status == 200, answer
+    assert answer == expected and answer["generated_tokens"] == 3
+    assert twice[0] == 400 and "'max_tokens' once" in twice[1]["error"]
+
+
 async def test_a_setting_given_as_null_is_as_if_not_given(pair: Pair) -> None:
     nulls = request("the sky", max_tokens=4, temperature=None, stop=None, seed=None)
     async with aiohttp.ClientSession() as http:

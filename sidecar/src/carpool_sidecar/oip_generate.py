@@ -4,8 +4,11 @@
 is answered with `{"model_name": ..., "model_version": ..., "text_output": "...",
 "finish_reason": "length", "prompt_tokens": 5, "generated_tokens": 16}` (the last three where
 the model tells them). `parameters` also takes `priority` and `timeout` as /infer does;
-unknown keys are ignored. `max_new_tokens`, carpool's name before it followed the extension,
-is still taken, with a deprecation warning in the answer's `Warning` header.
+unknown keys are ignored. The settings that are the model's inputs may also come beside
+`text_input` (`{"text_input": "...", "max_tokens": 16}`), as the extension passes a
+request's other keys to the inputs of their names. `max_new_tokens`, carpool's name before
+it followed the extension, is still taken, with a deprecation warning in the answer's
+`Warning` header.
 """
 
 from __future__ import annotations
@@ -56,10 +59,19 @@ class _Parameters(msgspec.Struct):
 
 class _Document(msgspec.Struct):
     """A generate request as msgspec reads it: unknown keys and parameters become no
-    objects."""
+    objects. The extension passes a request's other keys to the model's inputs of their
+    names, so the settings that are inputs may also come beside `text_input`."""
 
     text_input: str | None = None
     parameters: _Parameters | None = None
+    max_tokens: msgspec.Raw = msgspec.Raw()
+    max_new_tokens: msgspec.Raw = msgspec.Raw()
+    temperature: msgspec.Raw = msgspec.Raw()
+    seed: msgspec.Raw = msgspec.Raw()
+    stop: msgspec.Raw = msgspec.Raw()
+
+
+_BESIDE_TEXT = (MAX_TOKENS, MAX_NEW_TOKENS, TEMPERATURE, SEED, STOP)
 
 
 def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateRequest:
@@ -69,7 +81,7 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
     document = decode(body, _Document)
     if document.text_input is None:
         raise BadRequest(f"{TEXT_INPUT!r} must be a string")
-    raw = document.parameters or _Parameters()
+    raw = _settings(document)
     parameters = scalar_parameters(raw, STOP)
     max_tokens, deprecations = _max_tokens(parameters)
     return GenerateRequest(
@@ -126,6 +138,19 @@ def answer_document(
         )
         document.update((key, value) for key, value in given if value is not None)
     return document
+
+
+def _settings(document: _Document) -> _Parameters:
+    """The parameters, with the settings given beside `text_input` among them."""
+    raw = document.parameters or _Parameters()
+    for name in _BESIDE_TEXT:
+        given = getattr(document, name)
+        if not given:
+            continue
+        if getattr(raw, name):
+            raise BadRequest(f"give {name!r} once: beside 'text_input' or among the parameters")
+        raw = msgspec.structs.replace(raw, **{name: given})
+    return raw
 
 
 def _max_tokens(parameters: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
