@@ -279,6 +279,24 @@ async def test_settings_beside_the_text_are_taken_as_among_the_parameters(pair: 
     assert twice[0] == 400 and "'max_tokens' once" in twice[1]["error"]
 
 
+async def test_the_answer_returns_the_requests_id(pair: Pair) -> None:
+    """As the extension requires of a request that gives one, in every streamed event too."""
+    body = {"id": "42", **request("the sky", max_tokens=3)}
+    async with aiohttp.ClientSession() as http:
+        status, answer = await post(http, pair.sidecar, body)
+        _, plain = await post(http, pair.sidecar, request("the sky", max_tokens=3))
+        async with http.post(pair.sidecar.url + GENERATE + "_stream", json=body) as reply:
+            events = [
+                orjson.loads(line[len(b"data: ") :])
+                async for line in reply.content
+                if line.startswith(b"data: ")
+            ]
+    assert status == 200 and answer["id"] == "42", answer
+    validator(pair.sidecar, 200).validate(answer)
+    assert "id" not in plain
+    assert events and all(event["id"] == "42" for event in events)
+
+
 async def test_a_setting_given_as_null_is_as_if_not_given(pair: Pair) -> None:
     nulls = request("the sky", max_tokens=4, temperature=None, stop=None, seed=None)
     async with aiohttp.ClientSession() as http:

@@ -192,11 +192,13 @@ class GenerationRequest(GenerationSettings):
     """The prompt and its parameters; a setting may also come beside the prompt, as the
     extension passes a request's other keys to the model's inputs (not in both places)."""
 
+    id: NotRequired[Annotated[str, Field(description="Returned in the answer.")]]
     text_input: Annotated[str, Field(description="The prompt.")]
     parameters: NotRequired[GenerationParameters]
 
 
 class GenerationResponse(TypedDict):
+    id: NotRequired[Annotated[str, Field(description="The request's, where it gave one.")]]
     model_name: str
     model_version: str
     text_output: Annotated[str, Field(description="The generated text, without the prompt.")]

@@ -39,6 +39,7 @@ from carpool_sidecar.tensors import RequestTensor, from_json, json_values
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     text_input: str
+    id: str | None = None  # the caller's, returned in the answer
     # None: not given; the model's default is sent where the model takes the setting.
     max_tokens: int | None = None
     temperature: float | None = None  # 0: greedy

@@ -62,6 +62,7 @@ class _Document(msgspec.Struct):
     objects. The extension passes a request's other keys to the model's inputs of their
     names, so the settings that are inputs may also come beside `text_input`."""
 
+    id: str | None = None
     text_input: str | None = None
     parameters: _Parameters | None = None
     max_tokens: msgspec.Raw = msgspec.Raw()
@@ -86,6 +87,7 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
     max_tokens, deprecations = _max_tokens(parameters)
     return GenerateRequest(
         text_input=document.text_input,
+        id=document.id,
         max_tokens=max_tokens,
         temperature=_temperature(parameters.get(TEMPERATURE)),
         stop=_stop(raw.stop, metadata),
@@ -96,9 +98,9 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
     )
 
 
-def encode_event(model_name: str, piece: Piece) -> bytes:
+def encode_event(model_name: str, request_id: str | None, piece: Piece) -> bytes:
     """One Server-Sent Event of `generate_stream`: a piece of text, or the last one."""
-    document = answer_document(model_name, piece.text, piece.final)
+    document = answer_document(model_name, request_id, piece.text, piece.final)
     document["done"] = piece.final is not None
     return b"data: " + orjson.dumps(document) + b"\n\n"
 
@@ -116,19 +118,21 @@ def answer_headers(request: GenerateRequest) -> dict[str, str]:
     return {"Warning": ", ".join(f'299 carpool "{note}"' for note in request.deprecations)}
 
 
-def encode_response(response: GenerateResponse) -> bytes:
-    return orjson.dumps(answer_document(response.model_name, response.text_output, response))
+def encode_response(response: GenerateResponse, request_id: str | None) -> bytes:
+    return orjson.dumps(
+        answer_document(response.model_name, request_id, response.text_output, response)
+    )
 
 
 def answer_document(
-    model_name: str, text_output: str, response: GenerateResponse | None
+    model_name: str, request_id: str | None, text_output: str, response: GenerateResponse | None
 ) -> dict[str, Any]:
-    """An answer as the extension writes it; with `response`, how that answer ended."""
-    document: dict[str, Any] = {
-        "model_name": model_name,
-        "model_version": MODEL_VERSION,
-        TEXT_OUTPUT: text_output,
-    }
+    """An answer as the extension writes it, with the request's id where it gave one; with
+    `response`, how that answer ended."""
+    document: dict[str, Any] = {} if request_id is None else {"id": request_id}
+    document.update(
+        {"model_name": model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text_output}
+    )
     if response is not None:
         ending = response.ending
         given = (
