@@ -28,14 +28,24 @@ def cut_events() -> list[bytes]:
     return [b"data: " + orjson.dumps({"text_output": piece, "done": False}) for piece in PIECES[:2]]
 
 
+def not_json_events() -> list[bytes]:
+    return [b"data: {not json"]
+
+
 @asynccontextmanager
-async def server(events: Callable[[], list[bytes]]) -> AsyncIterator[str]:
+async def server(events: Callable[[], list[bytes]], dies: bool = False) -> AsyncIterator[str]:
+    """Serves `events`, then ends its answer, or (`dies`) drops the connection."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for event in events():
             await response.write(event + b"\n\n")
-        await response.write_eof()
+        if dies:
+            assert request.transport is not None
+            request.transport.abort()
+        else:
+            await response.write_eof()
         return response
 
     app = web.Application()
@@ -62,3 +72,14 @@ async def test_a_stream_cut_before_its_done_event_fails() -> None:
         with pytest.raises(carpool.StreamError, match="before its last event"):
             async for _ in carpool.generate_stream(http, url, "m", "the cat sat"):
                 pass
+
+
+@pytest.mark.parametrize(("events", "dies"), [(triton_events, True), (not_json_events, False)])
+async def test_a_server_that_dies_or_garbles_its_stream_raises_stream_error(
+    events: Callable[[], list[bytes]], dies: bool
+) -> None:
+    async with server(events, dies) as url, aiohttp.ClientSession() as http:
+        with pytest.raises(carpool.StreamError, match="broke off") as broken:
+            async for _ in carpool.generate_stream(http, url, "m", "the cat sat"):
+                pass
+    assert broken.value.status == 200

@@ -61,10 +61,14 @@ async def generate_stream(
     async with session.post(target, data=body) as reply:
         if reply.status != 200:
             raise StreamError(_error_of(await reply.content.read(MAX_ERROR_BYTES)), reply.status)
-        async for line in reply.content:  # aiohttp bounds a line's length
+        async for line in _lines(reply):
             if not line.startswith(_DATA):
                 continue  # the blank line between events, or a comment
-            event = orjson.loads(line[len(_DATA) :])
+            try:
+                event = orjson.loads(line[len(_DATA) :])
+            except orjson.JSONDecodeError as error:
+                message = f"the stream broke off: an event is not JSON: {error}"
+                raise StreamError(message, reply.status) from error
             if "error" in event:
                 raise StreamError(str(event["error"]), reply.status)
             marks_done = marks_done or "done" in event
@@ -79,6 +83,16 @@ async def generate_stream(
                 return
     if marks_done:
         raise StreamError("the stream ended before its last event", 200)
+
+
+async def _lines(reply: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The answer's lines; StreamError when the connection breaks off, or a line is past
+    aiohttp's bound."""
+    try:
+        async for line in reply.content:
+            yield line
+    except (aiohttp.ClientPayloadError, aiohttp.http_exceptions.LineTooLong) as error:
+        raise StreamError(f"the stream broke off: {error}", reply.status) from error
 
 
 def _error_of(body: bytes) -> str:
