@@ -170,10 +170,14 @@ async def test_priority_levels_as_triton_then_fifo() -> None:
         assert h.model.batches == [[0.0], [5.0], [4.0], [6.0], [3.0], [1.0], [2.0]]
 
 
-async def test_a_negative_priority_is_refused() -> None:
+async def test_a_priority_outside_tritons_levels_is_refused() -> None:
+    """Triton's levels are uint64: past them a level would rank below the default's."""
     async with Harness() as h:
         with pytest.raises(BadRequest, match="'priority' must be >= 0"):
             await h.request(1.0, priority=-1)
+        with pytest.raises(BadRequest, match="<= 18446744073709551615, got 18446744073709551616"):
+            await h.request(1.0, priority=2**64)
+        await h.request(1.0, priority=2**64 - 1)
 
 
 async def test_queue_full_is_refused_with_retry_after() -> None:

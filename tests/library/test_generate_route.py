@@ -226,11 +226,30 @@ async def test_bad_requests_get_400(pair: Pair, body: object) -> None:
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        b'{"text_input": "the \xff sky"}',
+        b'{"text_input": "the sky", "parameters": {"stop": ["\xff"]}}',
+        b'{"text_input": "the sky", "parameters": {"seed": "\xff"}}',
+    ],
+)
+async def test_text_that_is_not_utf8_gets_400(pair: Pair, body: bytes) -> None:
+    async with aiohttp.ClientSession() as http:
+        for path in (GENERATE, GENERATE + "_stream"):
+            async with http.post(pair.sidecar.url + path, data=body) as reply:
+                assert reply.status == 400, await reply.read()
+                assert "UTF-8" in orjson.loads(await reply.read())["error"]
+
+
+@pytest.mark.parametrize(
     ("body", "words"),
     [
         (request("the " * 5000), "max_element_bytes"),  # 20 kB: 16 bytes per token of context
-        (request("the sky", max_tokens=100_000), "outside the model's range [1, 255]"),
+        # Named as the caller named them, not as the model's inputs.
+        (request("the sky", max_tokens=100_000), "parameter 'max_tokens': value 100000 is outside"),
+        (request("the sky", max_tokens=2**40), "parameter 'max_tokens': values out of range"),
         (request("the sky", temperature=1e9), "outside the model's range [0, 100]"),
+        (request("the sky", seed=2**40), "parameter 'seed': values out of range"),
         (request("the sky", stop=["sun"] * 17), "max_elements"),
         (request("the sky", stop=["s" * 257]), "max_element_bytes"),
     ],
@@ -243,6 +262,48 @@ async def test_settings_past_the_models_bounds_get_400_before_queueing(
         status, answer = await post(http, pair.sidecar, body)
     assert status == 400 and words in answer["error"], answer
     assert batches(pair.sidecar) == before  # the model server never saw it
+
+
+async def test_settings_beside_the_text_are_taken_as_among_the_parameters(pair: Pair) -> None:
+    """The extension passes a request's other keys to the model's inputs of their names, as
+    clients of Triton's TensorRT-LLM models send `max_tokens`."""
+    among = request("the sky", max_tokens=3, stop=["sun"])
+    beside = {"text_input": "the sky", "max_tokens": 3, "stop": ["sun"]}
+    async with aiohttp.ClientSession() as http:
+        (status, expected), (beside_status, answer) = await asyncio.gather(
+            post(http, pair.sidecar, among), post(http, pair.sidecar, beside)
+        )
+        twice = await post(http, pair.sidecar, {**among, "max_tokens": 3})
+    assert status == beside_status == 200, answer
+    assert answer == expected and answer["generated_tokens"] == 3
+    assert twice[0] == 400 and "'max_tokens' once" in twice[1]["error"]
+
+
+async def test_the_answer_returns_the_requests_id(pair: Pair) -> None:
+    """As the extension requires of a request that gives one, in every streamed event too."""
+    body = {"id": "42", **request("the sky", max_tokens=3)}
+    async with aiohttp.ClientSession() as http:
+        status, answer = await post(http, pair.sidecar, body)
+        _, plain = await post(http, pair.sidecar, request("the sky", max_tokens=3))
+        async with http.post(pair.sidecar.url + GENERATE + "_stream", json=body) as reply:
+            events = [
+                orjson.loads(line[len(b"data: ") :])
+                async for line in reply.content
+                if line.startswith(b"data: ")
+            ]
+    assert status == 200 and answer["id"] == "42", answer
+    validator(pair.sidecar, 200).validate(answer)
+    assert "id" not in plain
+    assert events and all(event["id"] == "42" for event in events)
+
+
+async def test_a_setting_given_as_null_is_as_if_not_given(pair: Pair) -> None:
+    nulls = request("the sky", max_tokens=4, temperature=None, stop=None, seed=None)
+    async with aiohttp.ClientSession() as http:
+        plain = await post(http, pair.sidecar, request("the sky", max_tokens=4))
+        given = await post(http, pair.sidecar, nulls)
+    assert plain[0] == given[0] == 200, (plain, given)
+    assert given[1]["text_output"] == plain[1]["text_output"]
 
 
 async def test_a_tiny_temperature_is_answered_as_greedy(pair: Pair) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from carpool import event_loop
 from carpool.contract import frames, wire
-from carpool.engine.errors import BadModelResponse, ModelUnreachable, Unavailable
+from carpool.engine.errors import BadModelResponse, ModelUnreachable, PayloadTooLarge, Unavailable
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.frame_client import FramedBatches
 
@@ -214,7 +214,8 @@ async def test_a_result_whose_status_is_no_integer_is_a_bad_response(tmp_path: P
 
 async def test_a_stream_over_its_part_limit_is_cancelled_and_fails(tmp_path: Path) -> None:
     """A model server that streams without end is cut off at the caller's limit: the caller
-    gets 502 and the model server a cancel, while the link keeps serving."""
+    gets 413 (an answer over the limit) and the model server a cancel, while the link keeps
+    serving."""
     cancelled = asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -234,7 +235,7 @@ async def test_a_stream_over_its_part_limit_is_cancelled_and_fails(tmp_path: Pat
         batches = FramedBatches(str(path))
         try:
             parts = []
-            with pytest.raises(BadModelResponse, match="streamed over 1000 bytes"):
+            with pytest.raises(PayloadTooLarge, match="limit of 1000 bytes"):
                 async for code, payload in batches.stream(b"one item", 1000):
                     assert code == frames.PART
                     parts.append(payload)

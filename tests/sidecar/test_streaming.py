@@ -16,7 +16,7 @@ from carpool.contract.generation import TEXT_INPUT, TEXT_OUTPUT
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
-from carpool.engine.errors import DeadlineExceeded, QueueFull, Unavailable
+from carpool.engine.errors import DeadlineExceeded, PayloadTooLarge, QueueFull, Unavailable
 from carpool.engine.metrics import SidecarMetrics
 from carpool.engine.settings import BatchingSettings
 from carpool_sidecar.answers import AnswerBudget
@@ -120,6 +120,41 @@ async def stream_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             write_frame(writer, request_id, frames.OK, text_frame(PIECE * PIECES))
 
 
+def streaming_plane(client: ModelClient, budget: AnswerBudget) -> DataPlane:
+    """A data plane for a model that streams tokens, through `client`."""
+    batcher = Batcher(
+        BatchingSettings(max_queue_items=8),
+        ModelServerForwarder(client, ModelState()),
+        SidecarMetrics(CollectorRegistry(), "m"),
+    )
+    state = ModelState()
+    state.ready, state.metadata = True, GENERATES
+    streams = Streams(client, GenerationMetrics(CollectorRegistry(), "m"))
+    return DataPlane("m", batcher, state, budget, streams)
+
+
+async def test_an_answer_past_the_answer_limit_is_413_streamed_or_not(tmp_path: Path) -> None:
+    """A caller who asks for more text than an answer may hold is told so (413, as from a
+    model server that batches whole requests): the model server did nothing wrong."""
+    http_socket = tmp_path / "model.sock"
+    client = ModelClient(f"unix://{http_socket}")
+    plane = streaming_plane(client, AnswerBudget(2**20, 2**20))
+    async with frame_server(Path(frames.socket_for(http_socket)), stream_at_once):
+        try:
+            now = asyncio.get_running_loop().time()
+            with pytest.raises(PayloadTooLarge, match="10000"):
+                await plane.generate(GenerateRequest("prompt"), None, now, 10_000)
+            pieces = plane.generate_stream(GenerateRequest("prompt"), None, now, 10_000)
+            try:
+                with pytest.raises(PayloadTooLarge, match="10000"):
+                    async for piece in pieces:
+                        assert piece.text == PIECE
+            finally:
+                await pieces.aclose()
+        finally:
+            await client.close()
+
+
 async def test_the_pieces_slow_readers_leave_unread_hold_no_more_than_the_budget(
     tmp_path: Path,
 ) -> None:
@@ -130,16 +165,7 @@ async def test_the_pieces_slow_readers_leave_unread_hold_no_more_than_the_budget
     budget = AnswerBudget(2**20, 60_000)
     http_socket = tmp_path / "model.sock"
     client = ModelClient(f"unix://{http_socket}")
-    settings = BatchingSettings(max_queue_items=8)
-    batcher = Batcher(
-        settings,
-        ModelServerForwarder(client, ModelState()),
-        SidecarMetrics(CollectorRegistry(), "m"),
-    )
-    state = ModelState()
-    state.ready, state.metadata = True, GENERATES
-    streams = Streams(client, GenerationMetrics(CollectorRegistry(), "m"))
-    plane = DataPlane("m", batcher, state, budget, streams)
+    plane = streaming_plane(client, budget)
     read_on = asyncio.Event()
     peak = 0
 

@@ -33,7 +33,8 @@ class StreamError(Exception):
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
     """One piece of the answer; the last one (`done`) says how the answer ended, where the
-    server tells it."""
+    server tells it. A server that marks no event `done` (Triton) ends its answer with its
+    stream: the iteration's end is then the answer's."""
 
     text: str
     done: bool
@@ -54,15 +55,23 @@ async def generate_stream(
     the loop early closes the connection, which ends the sequence on the server."""
     body = orjson.dumps({"text_input": text_input, "parameters": parameters})
     target = f"{url.rstrip('/')}/v2/models/{model}/generate_stream"
+    # Servers that mark their last event `done` (carpool's sidecar) have broken off when the
+    # stream ends without it; for those that do not (Triton), the stream's end is the answer's.
+    marks_done = False
     async with session.post(target, data=body) as reply:
         if reply.status != 200:
             raise StreamError(_error_of(await reply.content.read(MAX_ERROR_BYTES)), reply.status)
-        async for line in reply.content:  # aiohttp bounds a line's length
+        async for line in _lines(reply):
             if not line.startswith(_DATA):
                 continue  # the blank line between events, or a comment
-            event = orjson.loads(line[len(_DATA) :])
+            try:
+                event = orjson.loads(line[len(_DATA) :])
+            except orjson.JSONDecodeError as error:
+                message = f"the stream broke off: an event is not JSON: {error}"
+                raise StreamError(message, reply.status) from error
             if "error" in event:
                 raise StreamError(str(event["error"]), reply.status)
+            marks_done = marks_done or "done" in event
             yield StreamEvent(
                 text=event["text_output"],
                 done=bool(event.get("done", False)),
@@ -72,7 +81,18 @@ async def generate_stream(
             )
             if event.get("done"):
                 return
-    raise StreamError("the stream ended before its last event", 200)
+    if marks_done:
+        raise StreamError("the stream ended before its last event", 200)
+
+
+async def _lines(reply: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The answer's lines; StreamError when the connection breaks off, or a line is past
+    aiohttp's bound."""
+    try:
+        async for line in reply.content:
+            yield line
+    except (aiohttp.ClientPayloadError, aiohttp.http_exceptions.LineTooLong) as error:
+        raise StreamError(f"the stream broke off: {error}", reply.status) from error
 
 
 def _error_of(body: bytes) -> str:

@@ -209,7 +209,10 @@ async def v2_generate(request: web.Request) -> web.StreamResponse:
     )
     encoded, extra = oip_generate.encode_response, oip_generate.answer_headers(call.request)
     return await send_answer(
-        request, call.sidecar, response.held, lambda: _json_parts(encoded(response), extra)
+        request,
+        call.sidecar,
+        response.held,
+        lambda: _json_parts(encoded(response, call.request.id), extra),
     )
 
 
@@ -227,7 +230,8 @@ async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         try:
             while True:
-                await response.write(oip_generate.encode_event(dataplane.model_name, piece))
+                event = oip_generate.encode_event(dataplane.model_name, generate_request.id, piece)
+                await response.write(event)
                 if piece.final is not None:
                     break
                 piece = await anext(pieces)

@@ -151,9 +151,8 @@ class PredictResponse(TypedDict):
     predictions: list[Any]
 
 
-class GenerationParameters(TypedDict):
-    """Generation settings, sent to the model's inputs of the same names, and the request's
-    priority and deadline; unknown keys are ignored."""
+class GenerationSettings(TypedDict):
+    """Generation settings, sent to the model's inputs of the same names."""
 
     max_tokens: NotRequired[
         Annotated[int, Field(ge=1, description="Tokens to generate at most (default 20).")]
@@ -179,16 +178,27 @@ class GenerationParameters(TypedDict):
             Field(ge=0, description="Seed of a sampled answer's draws: the same text each time."),
         ]
     ]
+
+
+class GenerationParameters(GenerationSettings):
+    """The generation settings, and the request's priority and deadline; unknown keys are
+    ignored."""
+
     priority: NotRequired[Priority]
     timeout: NotRequired[TimeoutUs]
 
 
-class GenerationRequest(TypedDict):
+class GenerationRequest(GenerationSettings):
+    """The prompt and its parameters; a setting may also come beside the prompt, as the
+    extension passes a request's other keys to the model's inputs (not in both places)."""
+
+    id: NotRequired[Annotated[str, Field(description="Returned in the answer.")]]
     text_input: Annotated[str, Field(description="The prompt.")]
     parameters: NotRequired[GenerationParameters]
 
 
 class GenerationResponse(TypedDict):
+    id: NotRequired[Annotated[str, Field(description="The request's, where it gave one.")]]
     model_name: str
     model_version: str
     text_output: Annotated[str, Field(description="The generated text, without the prompt.")]

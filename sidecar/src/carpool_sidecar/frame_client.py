@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import cast
 
 from carpool.contract import frames, wire
-from carpool.engine.errors import BadModelResponse, ModelUnreachable, SidecarError, Unavailable
+from carpool.engine.errors import (
+    BadModelResponse,
+    ModelUnreachable,
+    PayloadTooLarge,
+    SidecarError,
+    Unavailable,
+)
 
 Answer = tuple[int, bytes]
 
@@ -186,8 +192,12 @@ class _Link(frames.WriteFlow, asyncio.Protocol):
             waiter.part_bytes += len(payload)
         try:
             if code == frames.PART and waiter.part_bytes > waiter.part_limit:
-                message = f"model server streamed over {waiter.part_limit} bytes for one answer"
-                raise BadModelResponse(message)
+                # The caller asked for more than an answer may hold, as a whole answer
+                # over the limit is refused: not the model server's fault.
+                raise PayloadTooLarge(
+                    f"the answer streamed passed the limit of {waiter.part_limit} bytes for "
+                    "one answer; ask for fewer tokens"
+                )
             if waiter.arrived is not None:
                 waiter.arrived(len(payload))
         except SidecarError as error:

@@ -21,6 +21,7 @@ from carpool.contract.generation import (
     FINISH_REASONS,
     GENERATED_TOKENS,
     MAX_NEW_TOKENS,
+    MAX_TOKENS,
     PROMPT_TOKENS,
     SEED,
     STOP,
@@ -28,7 +29,7 @@ from carpool.contract.generation import (
     TEXT_INPUT,
     TEXT_OUTPUT,
 )
-from carpool.contract.metadata import ModelMetadata
+from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, Tensor
 from carpool.engine.errors import BadModelResponse, BadRequest
 from carpool_sidecar.answers import Held
@@ -38,6 +39,7 @@ from carpool_sidecar.tensors import RequestTensor, from_json, json_values
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     text_input: str
+    id: str | None = None  # the caller's, returned in the answer
     # None: not given; the model's default is sent where the model takes the setting.
     max_tokens: int | None = None
     temperature: float | None = None  # 0: greedy
@@ -86,9 +88,25 @@ def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[Requ
         spec = metadata.input(name)
         if spec is None:
             continue
-        chosen = default if value is None else value
-        inputs.append(_tensor(name, spec.datatype, list(_as_sequence(chosen))))
+        if value is None:
+            inputs.append(_tensor(name, spec.datatype, list(_as_sequence(default))))
+        else:
+            inputs.append(_setting(spec, list(_as_sequence(value))))
     return inputs
+
+
+def _setting(spec: TensorSpec, values: list[object]) -> RequestTensor:
+    """A setting the request gives as the model's input; BadRequest, naming the parameter
+    as the caller named it, when a value is past what the input holds or the model runs."""
+    try:
+        tensor = _tensor(spec.name, spec.datatype, values)
+        error = spec.limit_error(tensor.shape[1:], tensor.data)
+    except BadRequest as refused:
+        error = refused.message
+    if error is None:
+        return tensor
+    parameter = MAX_TOKENS if spec.name == MAX_NEW_TOKENS else spec.name
+    raise BadRequest(error.replace(f"input {spec.name!r}", f"parameter {parameter!r}", 1))
 
 
 def check_values(metadata: ModelMetadata, name: str, count: int) -> None:

@@ -152,6 +152,8 @@ def decode(text: bytes | bytearray | memoryview, kind: type[T]) -> T:
         raise BadRequest(f"request does not follow the protocol: {error}") from error
     except msgspec.DecodeError as error:
         raise BadRequest(f"body is not valid JSON: {error}") from error
+    except UnicodeDecodeError as error:  # JSON text is UTF-8 (RFC 8259)
+        raise BadRequest(f"body is not valid JSON: a string is not UTF-8 text ({error})") from None
 
 
 def scalar_parameters(raw: msgspec.Struct | None, *texts: str) -> dict[str, Scalar]:
@@ -170,6 +172,8 @@ def scalar_parameters(raw: msgspec.Struct | None, *texts: str) -> dict[str, Scal
             decoded[key] = _SCALAR.decode(value)
         except msgspec.ValidationError:
             raise BadRequest(f"parameter {key!r} must be a number, a string or a boolean") from None
+        except UnicodeDecodeError:  # a raw value's strings are read only here
+            raise BadRequest(f"parameter {key!r} is not UTF-8 text") from None
     return decoded
 
 

@@ -4,8 +4,11 @@
 is answered with `{"model_name": ..., "model_version": ..., "text_output": "...",
 "finish_reason": "length", "prompt_tokens": 5, "generated_tokens": 16}` (the last three where
 the model tells them). `parameters` also takes `priority` and `timeout` as /infer does;
-unknown keys are ignored. `max_new_tokens`, carpool's name before it followed the extension,
-is still taken, with a deprecation warning in the answer's `Warning` header.
+unknown keys are ignored. The settings that are the model's inputs may also come beside
+`text_input` (`{"text_input": "...", "max_tokens": 16}`), as the extension passes a
+request's other keys to the inputs of their names. `max_new_tokens`, carpool's name before
+it followed the extension, is still taken, with a deprecation warning in the answer's
+`Warning` header.
 """
 
 from __future__ import annotations
@@ -56,10 +59,20 @@ class _Parameters(msgspec.Struct):
 
 class _Document(msgspec.Struct):
     """A generate request as msgspec reads it: unknown keys and parameters become no
-    objects."""
+    objects. The extension passes a request's other keys to the model's inputs of their
+    names, so the settings that are inputs may also come beside `text_input`."""
 
+    id: str | None = None
     text_input: str | None = None
     parameters: _Parameters | None = None
+    max_tokens: msgspec.Raw = msgspec.Raw()
+    max_new_tokens: msgspec.Raw = msgspec.Raw()
+    temperature: msgspec.Raw = msgspec.Raw()
+    seed: msgspec.Raw = msgspec.Raw()
+    stop: msgspec.Raw = msgspec.Raw()
+
+
+_BESIDE_TEXT = (MAX_TOKENS, MAX_NEW_TOKENS, TEMPERATURE, SEED, STOP)
 
 
 def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateRequest:
@@ -69,11 +82,12 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
     document = decode(body, _Document)
     if document.text_input is None:
         raise BadRequest(f"{TEXT_INPUT!r} must be a string")
-    raw = document.parameters or _Parameters()
+    raw = _settings(document)
     parameters = scalar_parameters(raw, STOP)
     max_tokens, deprecations = _max_tokens(parameters)
     return GenerateRequest(
         text_input=document.text_input,
+        id=document.id,
         max_tokens=max_tokens,
         temperature=_temperature(parameters.get(TEMPERATURE)),
         stop=_stop(raw.stop, metadata),
@@ -84,9 +98,9 @@ def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateR
     )
 
 
-def encode_event(model_name: str, piece: Piece) -> bytes:
+def encode_event(model_name: str, request_id: str | None, piece: Piece) -> bytes:
     """One Server-Sent Event of `generate_stream`: a piece of text, or the last one."""
-    document = answer_document(model_name, piece.text, piece.final)
+    document = answer_document(model_name, request_id, piece.text, piece.final)
     document["done"] = piece.final is not None
     return b"data: " + orjson.dumps(document) + b"\n\n"
 
@@ -104,19 +118,21 @@ def answer_headers(request: GenerateRequest) -> dict[str, str]:
     return {"Warning": ", ".join(f'299 carpool "{note}"' for note in request.deprecations)}
 
 
-def encode_response(response: GenerateResponse) -> bytes:
-    return orjson.dumps(answer_document(response.model_name, response.text_output, response))
+def encode_response(response: GenerateResponse, request_id: str | None) -> bytes:
+    return orjson.dumps(
+        answer_document(response.model_name, request_id, response.text_output, response)
+    )
 
 
 def answer_document(
-    model_name: str, text_output: str, response: GenerateResponse | None
+    model_name: str, request_id: str | None, text_output: str, response: GenerateResponse | None
 ) -> dict[str, Any]:
-    """An answer as the extension writes it; with `response`, how that answer ended."""
-    document: dict[str, Any] = {
-        "model_name": model_name,
-        "model_version": MODEL_VERSION,
-        TEXT_OUTPUT: text_output,
-    }
+    """An answer as the extension writes it, with the request's id where it gave one; with
+    `response`, how that answer ended."""
+    document: dict[str, Any] = {} if request_id is None else {"id": request_id}
+    document.update(
+        {"model_name": model_name, "model_version": MODEL_VERSION, TEXT_OUTPUT: text_output}
+    )
     if response is not None:
         ending = response.ending
         given = (
@@ -126,6 +142,19 @@ def answer_document(
         )
         document.update((key, value) for key, value in given if value is not None)
     return document
+
+
+def _settings(document: _Document) -> _Parameters:
+    """The parameters, with the settings given beside `text_input` among them."""
+    raw = document.parameters or _Parameters()
+    for name in _BESIDE_TEXT:
+        given = getattr(document, name)
+        if not given:
+            continue
+        if getattr(raw, name):
+            raise BadRequest(f"give {name!r} once: beside 'text_input' or among the parameters")
+        raw = msgspec.structs.replace(raw, **{name: given})
+    return raw
 
 
 def _max_tokens(parameters: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
@@ -167,9 +196,9 @@ def _temperature(value: Any) -> float | None:
 
 def _stop(raw: msgspec.Raw, metadata: ModelMetadata) -> tuple[str, ...] | None:
     """Stop strings: a list of strings, or one string; as many as the model takes."""
-    if not raw:
-        return None
     text = bytes(raw)
+    if not text or text == b"null":  # null: not given, as for the other parameters
+        return None
     if text.startswith(b"["):
         # Strings past the model's limit are counted, not looked at one by one.
         spec = metadata.input(STOP)
@@ -183,4 +212,6 @@ def _stop(raw: msgspec.Raw, metadata: ModelMetadata) -> tuple[str, ...] | None:
         value = msgspec.json.decode(text, type=str | list[str])
     except msgspec.ValidationError:
         raise BadRequest(NOT_STOP_STRINGS) from None
+    except UnicodeDecodeError:  # the raw value's strings are read only here
+        raise BadRequest(f"parameter {STOP!r} is not UTF-8 text") from None
     return (value,) if isinstance(value, str) else tuple(value)

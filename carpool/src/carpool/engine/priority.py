@@ -12,15 +12,17 @@ from typing import Final
 from carpool.engine.errors import BadRequest
 
 DEFAULT_LEVEL: Final = 0
-# Below the rank of any level a client can send (Triton's levels are uint64 at most).
+# Triton's levels are uint64.
+LOWEST_LEVEL: Final = 2**64 - 1
+# Below the rank of any level a client can send.
 DEFAULT_RANK: Final = -(2**64)
 
 
 def rank(level: int) -> int:
     """The queue rank of a request at priority `level`: higher is served first."""
-    if level < 0:
+    if not 0 <= level <= LOWEST_LEVEL:
         raise BadRequest(
-            f"parameter 'priority' must be >= 0 (1 is the highest level, 0 the default), "
-            f"got {level}"
+            f"parameter 'priority' must be >= 0 (1 is the highest level, 0 the default) and "
+            f"<= {LOWEST_LEVEL}, got {level}"
         )
     return DEFAULT_RANK if level == DEFAULT_LEVEL else -level
