@@ -41,7 +41,8 @@ from carpool_model_server.results_file import (
     required=True,
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help='JSON lines: an object of inputs per line (a BYTES input may be {"file": PATH}, '
-    "relative to this file's folder), or a string for a text first input.",
+    "relative to this file's folder; max_tokens is max_new_tokens), or a string for a text "
+    "first input.",
 )
 @click.option(
     "--output",

@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from carpool.contract import generation
 from carpool.contract.metadata import TensorSpec
 from carpool.contract.wire import BYTES, NUMPY_DTYPES, Item, ItemResult, Tensor
 from carpool_model_server.errors import InvalidItem
 
 # A JSON record, or already-built tensors (from Python), or a bare string.
 Record = Mapping[str, Any] | str
+# Keys of a generate request that a record may not give unless the model takes them.
+_SETTINGS = frozenset([*generation.SETTINGS, "parameters"])
 
 
 def item_from_record(
@@ -40,10 +43,19 @@ def item_from_record(
     specs = {spec.name: spec for spec in inputs}
     item: dict[str, Tensor] = {}
     for name, value in record.items():
-        spec = specs.get(name)
+        spec = specs.get(name) or specs.get(generation.input_name(name))
         if spec is None:
+            if name in _SETTINGS:
+                raise InvalidItem(
+                    f"{name!r} is no input of the model, which takes {list(specs)}: give "
+                    f"settings beside the inputs, {generation.MAX_TOKENS!r} for "
+                    f"{generation.MAX_NEW_TOKENS!r}"
+                )
             continue  # not an input: ids and other fields the caller keeps for itself
-        item[name] = value if isinstance(value, Tensor) else _tensor(value, spec, base)
+        if spec.name in item:
+            other = generation.setting_name(name) if name == spec.name else spec.name
+            raise InvalidItem(f"input {spec.name!r} is given twice, as {name!r} and {other!r}")
+        item[spec.name] = value if isinstance(value, Tensor) else _tensor(value, spec, base)
     return item
 
 

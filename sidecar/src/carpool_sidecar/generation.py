@@ -21,13 +21,13 @@ from carpool.contract.generation import (
     FINISH_REASONS,
     GENERATED_TOKENS,
     MAX_NEW_TOKENS,
-    MAX_TOKENS,
     PROMPT_TOKENS,
     SEED,
     STOP,
     TEMPERATURE,
     TEXT_INPUT,
     TEXT_OUTPUT,
+    setting_name,
 )
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, Tensor
@@ -105,7 +105,7 @@ def _setting(spec: TensorSpec, values: list[object]) -> RequestTensor:
         error = refused.message
     if error is None:
         return tensor
-    parameter = MAX_TOKENS if spec.name == MAX_NEW_TOKENS else spec.name
+    parameter = setting_name(spec.name)
     raise BadRequest(error.replace(f"input {spec.name!r}", f"parameter {parameter!r}", 1))
 
 

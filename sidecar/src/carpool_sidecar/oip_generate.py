@@ -27,6 +27,7 @@ from carpool.contract.generation import (
     MAX_TOKENS,
     PROMPT_TOKENS,
     SEED,
+    SETTINGS,
     STOP,
     TEMPERATURE,
     TEXT_INPUT,
@@ -70,9 +71,6 @@ class _Document(msgspec.Struct):
     temperature: msgspec.Raw = msgspec.Raw()
     seed: msgspec.Raw = msgspec.Raw()
     stop: msgspec.Raw = msgspec.Raw()
-
-
-_BESIDE_TEXT = (MAX_TOKENS, MAX_NEW_TOKENS, TEMPERATURE, SEED, STOP)
 
 
 def parse_request(body: bytes | bytearray, metadata: ModelMetadata) -> GenerateRequest:
@@ -147,7 +145,7 @@ def answer_document(
 def _settings(document: _Document) -> _Parameters:
     """The parameters, with the settings given beside `text_input` among them."""
     raw = document.parameters or _Parameters()
-    for name in _BESIDE_TEXT:
+    for name in SETTINGS:
         given = getattr(document, name)
         if not given:
             continue

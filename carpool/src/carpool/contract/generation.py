@@ -26,6 +26,19 @@ LENGTH: Final = "length"
 EOS_TOKEN: Final = "eos_token"
 STOP_SEQUENCE: Final = "stop_sequence"
 FINISH_REASONS: Final = (LENGTH, EOS_TOKEN, STOP_SEQUENCE)
+# The settings a request may give beside its text, each the model input of its own name but
+# `max_tokens` (see `input_name`), whose deprecated name `max_new_tokens` is also taken.
+SETTINGS: Final = (MAX_TOKENS, MAX_NEW_TOKENS, TEMPERATURE, SEED, STOP)
 # Tokens generated when a request does not say, the extension's default; the sidecar fills
 # it in, so that requests with and without the setting share a batch.
 DEFAULT_MAX_TOKENS: Final = 20
+
+
+def input_name(setting: str) -> str:
+    """The model input that takes a request's setting of this name."""
+    return MAX_NEW_TOKENS if setting == MAX_TOKENS else setting
+
+
+def setting_name(input_name: str) -> str:
+    """The name a request gives the setting that goes to this model input."""
+    return MAX_TOKENS if input_name == MAX_NEW_TOKENS else input_name
