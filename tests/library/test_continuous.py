@@ -16,7 +16,7 @@ from library.test_text_generation import prompt_item
 from library.tiny_lm import WORDS
 
 from carpool.contract.wire import Item
-from carpool_model_server.continuous import Piece
+from carpool_model_server.continuous import Piece, stop_tail
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_generation import TextGenerationHandler
 
@@ -171,6 +171,33 @@ async def test_a_stop_string_ends_the_stream_before_it(handler: TextGenerationHa
     assert final is not None and final.finish_reason == "stop_sequence"
     assert "".join(piece.text for piece in pieces) == final.text
     assert final.text == free.text[: free.text.index(stop_word)]
+
+
+async def test_only_a_tail_that_may_begin_a_stop_string_is_held(
+    handler: TextGenerationHandler,
+) -> None:
+    """Stop strings that the text cannot begin leave every piece as it comes without them:
+    a word is not split across pieces for a stop string it does not start."""
+    prompt = "a red house by the river"
+    free = await stream(handler, prompt_item(prompt, max_new_tokens=12))
+    held = await stream(handler, prompt_item(prompt, max_new_tokens=12, stop=["!" * 8, "?? sky"]))
+    assert [piece.text for piece in held] == [piece.text for piece in free]
+    assert held[-1].answer == free[-1].answer
+
+
+@pytest.mark.parametrize(
+    ("text", "held"),
+    [
+        ("blue evening e", ""),
+        ("blue evening th", "th"),
+        ("blue the s", "the s"),
+        ("blue the", "the"),
+        ("the sky", ""),  # whole: the stop string itself ends the answer
+        ("", ""),
+    ],
+)
+def test_the_held_tail_is_the_longest_that_begins_a_stop_string(text: str, held: str) -> None:
+    assert text[len(text) - stop_tail(text, ("the sky", "sun")) :] == held
 
 
 async def test_closing_a_stream_frees_its_sequence(handler: TextGenerationHandler) -> None:

@@ -221,12 +221,22 @@ class TokenLoop:
 
     def _visible(self, tokens: list[int], request: Request) -> str:
         """The text so far that no later token can change: a character still being spelt
-        out (U+FFFD at the end) and the tail a stop string may yet begin in are held."""
+        out (U+FFFD at the end) and a tail that begins a stop string are held."""
         text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)
         text = text.rstrip("\ufffd")
         if request.stop:
-            text = text[: max(0, len(text) - max(map(len, request.stop)) + 1)]
+            text = text[: len(text) - stop_tail(text, request.stop)]
         return cut_at_stop(text, request.stop)
+
+
+def stop_tail(text: str, stop: tuple[str, ...]) -> int:
+    """The length of the longest tail of `text` that some stop string begins with (short of
+    the whole string, which ends the answer instead): later tokens may complete it."""
+    for length in range(min(len(text), max(map(len, stop), default=1) - 1), 0, -1):
+        tail = text[-length:]
+        if any(each.startswith(tail) for each in stop):
+            return length
+    return 0
 
 
 def _rest(text: str, shown: str) -> str:
