@@ -141,25 +141,38 @@ async def test_short_requests_do_not_share_a_batch_with_long_ones(pair: Pair) ->
     assert await together(5, 7, 8) == 1  # all in bucket 8
 
 
-async def test_infer_and_generate_give_the_same_text(pair: Pair) -> None:
+@pytest.mark.parametrize(
+    "settings",
+    [("max_new_tokens", "temperature", "stop"), ("max_new_tokens",), ()],
+    ids=["every-setting", "max-new-tokens", "text-only"],
+)
+async def test_infer_and_generate_give_the_same_text(pair: Pair, settings: tuple[str, ...]) -> None:
+    """An /infer client (Triton's) may leave out any setting: it gets /generate's default."""
     sidecar = pair.sidecar
     prompt = "a red house by the river"
-    inputs = [
-        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [prompt]},
-        {"name": "max_new_tokens", "datatype": "INT32", "shape": [1, 1], "data": [9]},
-        {"name": "temperature", "datatype": "FP32", "shape": [1, 1], "data": [0.0]},
-        {"name": "stop", "datatype": "BYTES", "shape": [1, 1], "data": [""]},
-    ]
+    given = {
+        "max_new_tokens": ("INT32", 9),
+        "temperature": ("FP32", 0.0),
+        "stop": ("BYTES", ""),
+    }
+    inputs = [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [prompt]}]
+    for name in settings:
+        datatype, value = given[name]
+        inputs.append({"name": name, "datatype": datatype, "shape": [1, 1], "data": [value]})
+    parameters = {"max_tokens": 9} if "max_new_tokens" in settings else {}
     async with aiohttp.ClientSession() as http:
-        status, generated = await post(http, sidecar, request(prompt, max_tokens=9))
+        status, generated = await post(http, sidecar, request(prompt, **parameters))
         assert status == 200, generated
         status, inferred = await post(
             http, sidecar, {"inputs": inputs}, path=f"/v2/models/{MODEL}/infer"
         )
         assert status == 200, inferred
         versioned = f"/v2/models/{MODEL}/versions/1/generate"
-        status, again = await post(http, sidecar, request(prompt, max_tokens=9), versioned)
-    assert inferred["outputs"][0]["data"] == [generated["text_output"]]
+        status, again = await post(http, sidecar, request(prompt, **parameters), versioned)
+    outputs = {output["name"]: output["data"] for output in inferred["outputs"]}
+    assert outputs["text_output"] == [generated["text_output"]]
+    assert outputs["generated_tokens"] == [generated["generated_tokens"]]
+    assert outputs["finish_reason"] == [generated["finish_reason"]]
     assert status == 200 and again == generated
 
 

@@ -66,12 +66,23 @@ MAX_STOP_BYTES = 256
 _STOP_WINDOW = MAX_STOP_BYTES + 8  # tokens
 
 TEXT_INPUT = TensorSpec(generation.TEXT_INPUT, BYTES, (1,), max_element_bytes=MAX_PROMPT_BYTES)
-MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,), minimum=1)
-TEMPERATURE = TensorSpec(generation.TEMPERATURE, "FP32", (1,), minimum=0, maximum=MAX_TEMPERATURE)
-# -1: no seed. INT32: a seed is any whole number a client writes, and a float32 bound holds it.
-SEED = TensorSpec(generation.SEED, "INT32", (1,), minimum=-1, maximum=2**31 - 1, optional=True)
+# The settings are optional: an item that leaves one out gets the generate extension's
+# default (`generation.DEFAULT_MAX_TOKENS`, greedy, no stop strings, no seed).
+MAX_NEW_TOKENS = TensorSpec(generation.MAX_NEW_TOKENS, "INT32", (1,), minimum=1, optional=True)
+TEMPERATURE = TensorSpec(
+    generation.TEMPERATURE, "FP32", (1,), minimum=0, maximum=MAX_TEMPERATURE, optional=True
+)
+# INT32: a seed is any whole number a client writes, and a float32 bound holds it.
+SEED = TensorSpec(
+    generation.SEED, "INT32", (1,), minimum=generation.NO_SEED, maximum=2**31 - 1, optional=True
+)
 STOP = TensorSpec(
-    generation.STOP, BYTES, (-1,), max_elements=MAX_STOP_STRINGS, max_element_bytes=MAX_STOP_BYTES
+    generation.STOP,
+    BYTES,
+    (-1,),
+    max_elements=MAX_STOP_STRINGS,
+    max_element_bytes=MAX_STOP_BYTES,
+    optional=True,
 )
 TEXT_OUTPUT = TensorSpec(generation.TEXT_OUTPUT, BYTES, (1,))
 FINISH_REASON = TensorSpec(generation.FINISH_REASON, BYTES, (1,))
@@ -247,8 +258,8 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         # The cheap checks first: a refused item costs no tokenizing.
         prompt = _string(require_input(item, self.inputs[TEXT_INPUT.name]), TEXT_INPUT.name)
         max_new = int(self._setting(item, MAX_NEW_TOKENS, generation.DEFAULT_MAX_TOKENS))
-        temperature = self._setting(item, TEMPERATURE, 0.0)
-        seed = int(self._setting(item, SEED, -1))
+        temperature = self._setting(item, TEMPERATURE, generation.DEFAULT_TEMPERATURE)
+        seed = int(self._setting(item, SEED, generation.NO_SEED))
         stop: tuple[str, ...] = ()
         if STOP.name in item:
             tensor = item[STOP.name]

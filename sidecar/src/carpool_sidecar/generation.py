@@ -17,10 +17,12 @@ import numpy as np
 
 from carpool.contract.generation import (
     DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
     FINISH_REASON,
     FINISH_REASONS,
     GENERATED_TOKENS,
     MAX_NEW_TOKENS,
+    NO_SEED,
     PROMPT_TOKENS,
     SEED,
     STOP,
@@ -76,10 +78,10 @@ def model_inputs(request: GenerateRequest, metadata: ModelMetadata) -> list[Requ
     check_generates(metadata)
     given: list[tuple[str, object, object]] = [
         (MAX_NEW_TOKENS, request.max_tokens, DEFAULT_MAX_TOKENS),
-        (TEMPERATURE, request.temperature, 0.0),
+        (TEMPERATURE, request.temperature, DEFAULT_TEMPERATURE),
         # An empty stop string stops nothing; one element keeps the item's shape [1].
         (STOP, request.stop or None, ("",)),
-        (SEED, request.seed, -1),  # -1: none
+        (SEED, request.seed, NO_SEED),
     ]
     inputs = [_tensor(TEXT_INPUT, BYTES, [request.text_input])]
     for name, value, default in given:
@@ -134,8 +136,10 @@ def check_generates(metadata: ModelMetadata) -> None:
 
 def settings_bucket(inputs: Sequence[RequestTensor]) -> int | None:
     """The power of two at or above the largest `max_new_tokens` of the request's items, or
-    None when the model takes no such input: a batch generates until its longest row is
-    done, so a short request should not share a batch with a much longer one."""
+    None when the request has no such input (the model takes none, or it is left out for the
+    model's default: such requests share a signature of their own, `dataplane._batch_key`):
+    a batch generates until its longest row is done, so a short request should not share a
+    batch with a much longer one."""
     tensor = next((each for each in inputs if each.name == MAX_NEW_TOKENS), None)
     if tensor is None or isinstance(tensor.data, list) or not tensor.data.size:
         return None

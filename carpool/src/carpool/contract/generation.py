@@ -29,9 +29,13 @@ FINISH_REASONS: Final = (LENGTH, EOS_TOKEN, STOP_SEQUENCE)
 # The settings a request may give beside its text, each the model input of its own name but
 # `max_tokens` (see `input_name`), whose deprecated name `max_new_tokens` is also taken.
 SETTINGS: Final = (MAX_TOKENS, MAX_NEW_TOKENS, TEMPERATURE, SEED, STOP)
-# Tokens generated when a request does not say, the extension's default; the sidecar fills
-# it in, so that requests with and without the setting share a batch.
+# What a request that leaves a setting out gets: the extension's default of 20 tokens,
+# greedy decoding, no seed. The sidecar fills them in for /generate, so that requests with
+# and without a setting share a batch; a model takes them for an /infer item that leaves
+# its input out.
 DEFAULT_MAX_TOKENS: Final = 20
+DEFAULT_TEMPERATURE: Final = 0.0
+NO_SEED: Final = -1
 
 
 def input_name(setting: str) -> str:
