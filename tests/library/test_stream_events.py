@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 import carpool
+from tests.support.http_app import serving
 
 PIECES = [" on", " the", " mat"]
 
@@ -50,15 +51,8 @@ async def server(events: Callable[[], list[bytes]], dies: bool = False) -> Async
 
     app = web.Application()
     app.router.add_post("/v2/models/m/generate_stream", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        port = runner.addresses[0][1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_a_stream_without_done_events_ends_with_its_body() -> None:

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from carpool.loadgen import runner, workload
+from tests.support.http_app import serving
 
 
 @pytest.fixture
@@ -29,15 +30,8 @@ async def flaky_server() -> AsyncIterator[tuple[str, list[dict[str, object]]]]:
 
     app = web.Application()
     app.router.add_post("/v2/models/{name}/infer", infer)
-    app_runner = web.AppRunner(app)
-    await app_runner.setup()
-    site = web.TCPSite(app_runner, "127.0.0.1", 0)
-    await site.start()
-    port = app_runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", bodies
-    finally:
-        await app_runner.cleanup()
+    async with serving(app) as url:
+        yield url, bodies
 
 
 async def test_counts_statuses_and_skips_batching_without_metrics(

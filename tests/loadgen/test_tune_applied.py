@@ -11,20 +11,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from carpool.processes import free_port
 from carpool.tune.trial import NotApplied, until_applied
+from tests.support.http_app import serving
 
 
 @asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v2/models/m/batching"
-    finally:
-        await runner.cleanup()
+async def batching_url(app: web.Application) -> AsyncIterator[str]:
+    async with serving(app) as url:
+        yield f"{url}/v2/models/m/batching"
 
 
 async def test_tune_goes_on_as_soon_as_the_sidecar_uses_the_settings() -> None:
@@ -35,7 +29,7 @@ async def test_tune_goes_on_as_soon_as_the_sidecar_uses_the_settings() -> None:
 
     app = web.Application()
     app.router.add_get("/v2/models/m/batching", batching)
-    async with serving(app) as url, aiohttp.ClientSession() as session:
+    async with batching_url(app) as url, aiohttp.ClientSession() as session:
         asyncio.get_running_loop().call_later(
             0.3, in_use.update, {"maxBatchSize": 8, "maxWaitMs": 2.0}
         )
@@ -47,6 +41,6 @@ async def test_tune_goes_on_as_soon_as_the_sidecar_uses_the_settings() -> None:
 
 
 async def test_a_sidecar_that_does_not_report_its_settings_stops_tune() -> None:
-    async with serving(web.Application()) as url, aiohttp.ClientSession() as session:
+    async with batching_url(web.Application()) as url, aiohttp.ClientSession() as session:
         with pytest.raises(NotApplied, match="404"):
             await until_applied(session, url, {"maxBatchSize": 8})
