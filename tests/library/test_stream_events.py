@@ -9,9 +9,9 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from support.http_app import serving
 
 import carpool
-from tests.support.http_app import serving
 
 PIECES = [" on", " the", " mat"]
 

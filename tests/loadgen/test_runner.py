@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 from aiohttp import web
+from support.http_app import serving
 
 from carpool.loadgen import runner, workload
-from tests.support.http_app import serving
 
 
 @pytest.fixture

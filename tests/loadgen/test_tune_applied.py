@@ -10,9 +10,9 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 from aiohttp import web
+from support.http_app import serving
 
 from carpool.tune.trial import NotApplied, until_applied
-from tests.support.http_app import serving
 
 
 @asynccontextmanager
