@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from library.test_generate_stream import model_metric
 from library.tiny_lm import build_tiny_lm
-from support.sidecar import Pair, metric, run_pair
+from support.sidecar import Pair, metric, run_pair, wait_for
 
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 
@@ -97,3 +98,57 @@ def test_ordinary_infer_still_answers_whole(pair: Pair) -> None:
         client.close()
     whole = generated(pair, "a red house by the river", 6)
     assert result.as_numpy("text_output")[0][0].decode() == whole["text_output"]
+
+
+def test_the_requests_of_one_stream_are_answered_beside_one_another(pair: Pair) -> None:
+    """A short request sent after a long one on the same stream is not held behind it (as
+    Triton answers a decoupled model's requests): its last response comes first."""
+    finals: queue.Queue[str] = queue.Queue()
+
+    def heard(result: Any, error: Any) -> None:
+        assert error is None, error
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            finals.put(response.id)
+
+    client = tritongrpc.InferenceServerClient(pair.sidecar.grpc)
+    try:
+        client.start_stream(callback=heard)
+        client.async_stream_infer(MODEL, prompt_inputs("a long walk", 200), request_id="long")
+        client.async_stream_infer(MODEL, prompt_inputs("the sky", 2), request_id="short")
+        order = [finals.get(timeout=60), finals.get(timeout=60)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert order == ["short", "long"]
+
+
+def test_a_client_that_cancels_its_stream_ends_every_sequence_of_it(pair: Pair) -> None:
+    server = pair.model_server
+    cancelled = model_metric(server, "carpool_model_streams_total", outcome="cancelled")
+    heard: queue.Queue[str] = queue.Queue()
+    client = tritongrpc.InferenceServerClient(pair.sidecar.grpc)
+    try:
+        # The stream's cancellation comes to the callback as an error, with no result.
+        client.start_stream(
+            callback=lambda result, error: error or heard.put(result.get_response().id)
+        )
+        for name in ("first", "second"):
+            client.async_stream_infer(MODEL, prompt_inputs(f"a {name} walk", 240), request_id=name)
+        answered: set[str] = set()
+        while answered != {"first", "second"}:  # until both have answered a piece
+            answered.add(heard.get(timeout=30))
+        assert model_metric(server, "carpool_model_running_sequences") == 2
+        client.stop_stream(cancel_requests=True)
+    finally:
+        client.close()
+    wait_for(
+        lambda: (
+            model_metric(server, "carpool_model_streams_total", outcome="cancelled")
+            == cancelled + 2
+            and model_metric(server, "carpool_model_running_sequences") == 0
+            and model_metric(server, "carpool_model_kv_cache_usage_ratio") == 0
+        ),
+        10.0,
+        "both streams cancelled, their sequences and cache gone",
+    )

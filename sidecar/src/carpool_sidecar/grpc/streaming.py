@@ -1,5 +1,13 @@
-"""`ModelStreamInfer`, Triton's streaming RPC: the requests of one stream answered in turn,
-each by one or more responses, the last with the parameter `triton_final_response` true.
+"""`ModelStreamInfer`, Triton's streaming RPC: each request of a stream answered by one or
+more responses, the last with the parameter `triton_final_response` true.
+
+The requests of one stream are answered beside one another as they come, as Triton answers
+a decoupled model's: a short request is not held behind a long one sent before it. A
+request's responses come in order and carry its id; those of different requests interleave.
+At most REQUESTS_IN_FLIGHT requests of a stream are answered at once, and a request counts
+until the client has read its last response: past that the stream's next request is not
+read, so a client that does not read its answers holds a bounded amount of memory (each
+answer is bounded by the answer limit) and is slowed by gRPC's flow control.
 
 A generation request (one prompt) to a model server that streams tokens is answered piece by
 piece as the tokens come; any other request in one response, as ModelInfer answers it. A
@@ -10,8 +18,10 @@ next one, as Triton does. Each request counts in the metrics as a ModelInfer cal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Final
 
 from carpool.contract.oip_grpc.inference_pb2 import ModelInferRequest, ModelStreamInferResponse
 from carpool.engine.errors import SidecarError
@@ -21,6 +31,15 @@ from carpool_sidecar.grpc import codec, status
 
 log = logging.getLogger(__name__)
 FINAL = "triton_final_response"
+# Requests of one stream answered, or their responses not read yet, at once.
+REQUESTS_IN_FLIGHT = 64
+
+
+class _Answered:
+    """Put in a stream's queue of responses once a request has no more of them."""
+
+
+_ANSWERED: Final = _Answered()
 
 
 async def answer(
@@ -30,12 +49,45 @@ async def answer(
     protocol: str,
     message_limit: int,
 ) -> AsyncIterator[ModelStreamInferResponse]:
-    """Every response to the requests of one stream, in their order; each request counts
-    in `metrics` under `protocol`."""
-    async for request in requests:
-        answers = _answer_one(request, dataplane, metrics, protocol, message_limit)
-        async for response in answers:
-            yield response
+    """Every response to the requests of one stream, each request's in order, requests
+    beside one another; each request counts in `metrics` under `protocol`."""
+    slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+    # Responses, and _ANSWERED after each request's last; None once every request is.
+    responses: asyncio.Queue[ModelStreamInferResponse | _Answered | None] = asyncio.Queue()
+
+    async def answer_request(request: ModelInferRequest) -> None:
+        try:
+            async for response in _answer_one(request, dataplane, metrics, protocol, message_limit):
+                responses.put_nowait(response)
+        finally:
+            responses.put_nowait(_ANSWERED)
+
+    async def read() -> None:
+        try:
+            async with asyncio.TaskGroup() as answering:
+                arriving = aiter(requests)
+                while True:
+                    await slots.acquire()
+                    try:
+                        request = await anext(arriving)
+                    except StopAsyncIteration:
+                        break
+                    answering.create_task(answer_request(request))
+        finally:
+            responses.put_nowait(None)
+
+    reader = asyncio.create_task(read())
+    try:
+        while (response := await responses.get()) is not None:
+            if isinstance(response, _Answered):
+                slots.release()
+            else:
+                yield response
+        await reader  # the requests' own error, if reading them failed
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
 
 
 async def _answer_one(
