@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from library.test_generate_stream import model_metric
+from library.test_generate_stream import model_metric, wait_cancelled
 from library.tiny_lm import build_tiny_lm
-from support.sidecar import Pair, metric, run_pair, wait_for
+from support.sidecar import Pair, metric, run_pair
 
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 
@@ -142,13 +142,4 @@ def test_a_client_that_cancels_its_stream_ends_every_sequence_of_it(pair: Pair) 
         client.stop_stream(cancel_requests=True)
     finally:
         client.close()
-    wait_for(
-        lambda: (
-            model_metric(server, "carpool_model_streams_total", outcome="cancelled")
-            == cancelled + 2
-            and model_metric(server, "carpool_model_running_sequences") == 0
-            and model_metric(server, "carpool_model_kv_cache_usage_ratio") == 0
-        ),
-        10.0,
-        "both streams cancelled, their sequences and cache gone",
-    )
+    wait_cancelled(server, cancelled, 2)

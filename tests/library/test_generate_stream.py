@@ -81,6 +81,22 @@ def model_metric(server: ModelServer, name: str, **labels: str) -> float:
     return 0.0
 
 
+def wait_cancelled(server: ModelServer, cancelled_before: float, count: int) -> None:
+    """Until `count` more streams are cancelled on the model server and no sequence runs or
+    holds cache: the loop drops a cancelled sequence at its next step (which a loaded
+    machine may delay)."""
+    wait_for(
+        lambda: (
+            model_metric(server, "carpool_model_streams_total", outcome="cancelled")
+            == cancelled_before + count
+            and model_metric(server, "carpool_model_running_sequences") == 0
+            and model_metric(server, "carpool_model_kv_cache_usage_ratio") == 0
+        ),
+        10.0,
+        f"{count} streams cancelled, their sequences and cache gone",
+    )
+
+
 def mixed_requests(count: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(17)
     requests = []
@@ -128,19 +144,8 @@ async def test_a_client_that_leaves_ends_its_sequence(pair: Pair) -> None:
         assert reply.status == 200
         await reply.content.readline()  # the first event
         assert model_metric(server, "carpool_model_running_sequences") == 1
-    # Gone after its first piece of up to 240: the model server cancels it, and the loop
-    # drops it and frees its cache at its next step (which a loaded machine may delay).
-    await asyncio.to_thread(
-        wait_for,
-        lambda: (
-            model_metric(server, "carpool_model_streams_total", outcome="cancelled")
-            == cancelled + 1
-            and model_metric(server, "carpool_model_running_sequences") == 0
-            and model_metric(server, "carpool_model_kv_cache_usage_ratio") == 0
-        ),
-        10.0,
-        "the stream cancelled, its sequence and cache gone",
-    )
+    # Gone after its first piece of up to 240: the model server cancels it.
+    await asyncio.to_thread(wait_cancelled, server, cancelled, 1)
     assert model_metric(server, "carpool_model_generated_tokens_total") >= 0
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 PAYLOAD_TOO_LARGE = 413
 
 
-class _Connection(frames.WriteFlow, asyncio.Protocol):
+class _Connection(frames.FrameParser, frames.WriteFlow, asyncio.Protocol):
     """One sidecar connection: its frames parsed as the bytes come (no reader task to wake
     per frame), and its batches and streams in flight, by request id."""
 
@@ -35,8 +35,6 @@ class _Connection(frames.WriteFlow, asyncio.Protocol):
         # Batches and streams in flight: tasks, or the worker's futures (`answer_later`).
         self.batches: dict[int, asyncio.Future[Any]] = {}
         self._buffer = bytearray()
-        # Bytes of an oversize payload still to be read past.
-        self._skipping = 0
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -56,37 +54,15 @@ class _Connection(frames.WriteFlow, asyncio.Protocol):
             self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        view: bytes | bytearray = data
-        if self._skipping:
-            skipped = min(self._skipping, len(data))
-            self._skipping -= skipped
-            view = data = data[skipped:]
-        # The common case, whole frames in one read, is parsed from `data` without a copy
-        # into the buffer.
-        if self._buffer:
-            self._buffer += data
-            view = self._buffer
-        start, end = 0, len(view)
-        header_size = frames.HEADER.size
-        while end - start >= header_size:
-            length, request_id, code = frames.HEADER.unpack_from(view, start)
-            if length > wire.MAX_BODY_BYTES:
-                message = f"batch of {length} bytes is over {wire.MAX_BODY_BYTES}"
-                self.send(request_id, PAYLOAD_TOO_LARGE, message.encode())
-                start += header_size
-                skipped = min(length, end - start)
-                start += skipped
-                self._skipping = length - skipped
-                continue
-            if end - start - header_size < length:
-                break
-            payload = bytes(view[start + header_size : start + header_size + length])
-            start += header_size + length
-            self._server.received(self, request_id, code, payload)
-        if view is self._buffer:
-            del self._buffer[:start]
-        elif start < end:
-            self._buffer += view[start:]
+        self.parse(data)
+
+    def frame_received(self, request_id: int, code: int, payload: bytes) -> None:
+        self._server.received(self, request_id, code, payload)
+
+    def oversize_received(self, length: int, request_id: int) -> bool:
+        message = f"batch of {length} bytes is over {wire.MAX_BODY_BYTES}"
+        self.send(request_id, PAYLOAD_TOO_LARGE, message.encode())
+        return True  # read past it: the connection serves on
 
     def send(self, request_id: int, code: int, payload: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():

@@ -25,7 +25,7 @@ import torch
 
 from carpool.contract.handlers import BUILTIN_HANDLERS
 from carpool.contract.metadata import Metadata, TensorSpec
-from carpool.contract.wire import BYTES, NUMPY_DTYPES, Item, Tensor, datatype_of
+from carpool.contract.wire import BYTES, NUMPY_DTYPES, Item, Tensor, datatype_of, known_tensor
 from carpool_model_server.errors import InvalidItem
 
 BatchT = TypeVar("BatchT")
@@ -217,21 +217,18 @@ def output_rows(
     if datatype == BYTES:
         return [{name: Tensor.from_numpy(row)} for row in values]
     data = memoryview(np.ascontiguousarray(values, dtype=NUMPY_DTYPES[datatype]).tobytes())
-    # Each tensor built without the named tuple's own `__new__` (Python code): its fields
-    # are known good, and a batch builds one per item.
-    new = tuple.__new__
     if shapes is None:
         step = len(data) // len(values) if len(values) else 0
         row: tuple[int, ...] = values.shape[1:]
         return [
-            {name: new(Tensor, (datatype, row, data[index * step : (index + 1) * step]))}
+            {name: known_tensor(datatype, row, data[index * step : (index + 1) * step])}
             for index in range(len(values))
         ]
     outputs = []
     start, itemsize = 0, NUMPY_DTYPES[datatype].itemsize
     for shape in shapes:
         end = start + math.prod(shape) * itemsize
-        outputs.append({name: new(Tensor, (datatype, shape, data[start:end]))})
+        outputs.append({name: known_tensor(datatype, shape, data[start:end])})
         start = end
     return outputs
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import cast
 
-from carpool.contract import frames, wire
+from carpool.contract import frames
 from carpool.engine.errors import (
     BadModelResponse,
     ModelUnreachable,
@@ -49,7 +49,7 @@ class _Waiter:
             self.reply.set_result(frame)
 
 
-class _Link(frames.WriteFlow, asyncio.Protocol):
+class _Link(frames.FrameParser, frames.WriteFlow, asyncio.Protocol):
     """One open connection and the batches waiting on it. Its frames are parsed as the bytes
     come and handed to their waiters from there: no reader task, whose wake-up per frame
     would stand between every answer and its batch."""
@@ -79,28 +79,11 @@ class _Link(frames.WriteFlow, asyncio.Protocol):
         self._fail(ModelUnreachable("model server connection closed"))
 
     def data_received(self, data: bytes) -> None:
-        # The common case, a whole frame in one read, is parsed from `data` without a copy
-        # into the buffer.
-        view: bytes | bytearray = data
-        if self._buffer:
-            self._buffer += data
-            view = self._buffer
-        start, end = 0, len(view)
-        header_size = frames.HEADER.size
-        while not self._closed and end - start >= header_size:
-            length, request_id, code = frames.HEADER.unpack_from(view, start)
-            if length > wire.MAX_BODY_BYTES:
-                self._fail(BadModelResponse(f"model server sent a frame of {length} bytes"))
-                return
-            if end - start - header_size < length:
-                break
-            payload = bytes(view[start + header_size : start + header_size + length])
-            start += header_size + length
-            self._deliver(request_id, code, payload)
-        if view is self._buffer:
-            del self._buffer[:start]
-        elif start < end:
-            self._buffer += data[start:]
+        self.parse(data)
+
+    def oversize_received(self, length: int, request_id: int) -> bool:
+        self._fail(BadModelResponse(f"model server sent a frame of {length} bytes"))
+        return False
 
     async def call(self, body: bytes, deadline: float, timeout_s: float) -> Answer:
         """One batch frame's answer; Unavailable if none came by `deadline` (loop time)."""
@@ -184,7 +167,7 @@ class _Link(frames.WriteFlow, asyncio.Protocol):
             waiter.put(type(failure)(str(failure)))
         self.resume_writing()
 
-    def _deliver(self, request_id: int, code: int, payload: bytes) -> None:
+    def frame_received(self, request_id: int, code: int, payload: bytes) -> None:
         waiter = self._waiting.get(request_id)
         if waiter is None:
             return  # given up on

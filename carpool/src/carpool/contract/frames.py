@@ -25,6 +25,8 @@ import struct
 from pathlib import Path
 from typing import Final
 
+from carpool.contract import wire
+
 HEADER: Final = struct.Struct(">IIH")
 BATCH: Final = 0
 CANCEL: Final = 1
@@ -66,3 +68,56 @@ class WriteFlow:
         """Once the transport's buffer is back under its high-water mark."""
         while self._writable is not None:
             await asyncio.shield(self._writable)
+
+
+class FrameParser:
+    """Frames parsed from a connection's bytes as they come, at either end (`parse` from
+    `data_received`): no reader task to wake per frame. A whole frame goes to
+    `frame_received`; the header of one whose payload is over `wire.MAX_BODY_BYTES` to
+    `oversize_received`, which says whether to read past its payload (in pieces, never held
+    whole) or stop reading the connection."""
+
+    # Bytes of a frame not whole yet.
+    _buffer: bytearray
+    # Bytes of an oversize payload still to be read past.
+    _skipping = 0
+
+    def frame_received(self, request_id: int, code: int, payload: bytes) -> None:
+        raise NotImplementedError
+
+    def oversize_received(self, length: int, request_id: int) -> bool:
+        raise NotImplementedError
+
+    def parse(self, data: bytes) -> None:
+        view: bytes | bytearray = data
+        if self._skipping:
+            skipped = min(self._skipping, len(data))
+            self._skipping -= skipped
+            view = data = data[skipped:]
+        # The common case, whole frames in one read, is parsed from `data` without a copy
+        # into the buffer.
+        if self._buffer:
+            self._buffer += data
+            view = self._buffer
+        start, end = 0, len(view)
+        while end - start >= HEADER.size:
+            length, request_id, code = HEADER.unpack_from(view, start)
+            start += HEADER.size
+            if length > wire.MAX_BODY_BYTES:
+                if not self.oversize_received(length, request_id):
+                    self._buffer.clear()
+                    return
+                skipped = min(length, end - start)
+                start += skipped
+                self._skipping = length - skipped
+                continue
+            if end - start < length:
+                start -= HEADER.size
+                break
+            payload = bytes(view[start : start + length])
+            start += length
+            self.frame_received(request_id, code, payload)
+        if view is self._buffer:
+            del self._buffer[:start]
+        elif start < end:
+            self._buffer += view[start:]

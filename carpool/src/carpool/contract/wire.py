@@ -136,6 +136,14 @@ class ItemResult(NamedTuple):
         return cls(error=message, status=status)
 
 
+def known_tensor(
+    datatype: str, shape: tuple[int, ...], data: bytes | memoryview | list[bytes]
+) -> Tensor:
+    """A tensor whose fields are known good, built without the named tuple's own `__new__`
+    (Python code): a batch builds one per item."""
+    return tuple.__new__(Tensor, (datatype, shape, data))
+
+
 def answered(outputs: Mapping[str, Tensor]) -> ItemResult:
     """An item's outputs as its result, built without the named tuple's own `__new__`
     (Python code): a batch builds one per item."""
@@ -214,8 +222,7 @@ def _unpack_tensors(raw: Any, checked: _Checked) -> dict[str, Tensor]:
         except (KeyError, TypeError):
             shape = None
         if shape is not None:
-            # Fields known good: built without the named tuple's own `__new__` (Python code).
-            tensor = tuple.__new__(Tensor, (datatype, shape, data))
+            tensor = known_tensor(datatype, shape, data)
         else:
             tensor = _unpack_tensor(value)
             if type(tensor.data) is bytes:  # later tensors whose shape equals it hit
