@@ -55,7 +55,7 @@ class ModelService:
         arrived = time.monotonic()
         future = self.runner.run_later(items, functools.partial(self._answered, arrived, reply))
         if future is not None:
-            in_flight.__enter__()
+            in_flight.started()
         return future
 
     def _answered(
@@ -64,7 +64,7 @@ class ModelService:
         reply: Callable[[bytes | Exception], None],
         future: asyncio.Future[Measured],
     ) -> None:
-        self._in_flight.__exit__()
+        self._in_flight.ended()
         if future.cancelled():
             return
         try:
@@ -136,9 +136,15 @@ class _InFlight:
         self.count = 0
         self.last_ended = time.monotonic()
 
-    def __enter__(self) -> None:
+    def started(self) -> None:
         self.count += 1
 
-    def __exit__(self, *_: object) -> None:
+    def ended(self) -> None:
         self.count -= 1
         self.last_ended = time.monotonic()
+
+    def __enter__(self) -> None:
+        self.started()
+
+    def __exit__(self, *_: object) -> None:
+        self.ended()
