@@ -5,14 +5,17 @@ budget that the pieces of slowly read streams are charged to."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 from sidecar.test_frame_client import frame_server, read_frame, write_frame
 
 from carpool.contract import frames, wire
-from carpool.contract.generation import TEXT_INPUT, TEXT_OUTPUT
+from carpool.contract.generation import GENERATED_TOKENS, TEXT_INPUT, TEXT_OUTPUT
 from carpool.contract.metadata import ModelMetadata, TensorSpec
 from carpool.contract.wire import BYTES, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
@@ -35,7 +38,7 @@ def admission() -> tuple[Admission, CollectorRegistry]:
     return Admission(GenerationMetrics(registry, "m")), registry
 
 
-def gauge(registry: CollectorRegistry, name: str) -> float | None:
+def metric(registry: CollectorRegistry, name: str) -> float | None:
     return registry.get_sample_value(name, {"model": "m"})
 
 
@@ -55,13 +58,13 @@ async def test_waiters_get_places_by_priority_level_then_arrival() -> None:
     for name, priority in [("default", 0), ("second", 2), ("first", 1), ("second-b", 2)]:
         waiting.append(asyncio.create_task(caller(name, priority)))
         await asyncio.sleep(0)
-    assert gauge(registry, "carpool_generation_running_streams") == LIMIT
-    assert gauge(registry, "carpool_generation_waiting_streams") == 4
+    assert metric(registry, "carpool_generation_running_streams") == LIMIT
+    assert metric(registry, "carpool_generation_waiting_streams") == 4
     release.set()
     await asyncio.gather(*running, *waiting)
     assert order == ["run0", "run1", "first", "second", "second-b", "default"]
-    assert gauge(registry, "carpool_generation_running_streams") == 0
-    assert gauge(registry, "carpool_generation_waiting_streams") == 0
+    assert metric(registry, "carpool_generation_running_streams") == 0
+    assert metric(registry, "carpool_generation_waiting_streams") == 0
 
 
 async def test_the_queue_is_bounded_and_waiting_has_a_deadline() -> None:
@@ -88,8 +91,8 @@ async def test_the_queue_is_bounded_and_waiting_has_a_deadline() -> None:
     hold.set()
     await held
     async with places.place(0, loop.time() + 10, 1, 1):
-        assert gauge(registry, "carpool_generation_running_streams") == 1
-    assert gauge(registry, "carpool_generation_waiting_streams") == 0
+        assert metric(registry, "carpool_generation_running_streams") == 1
+    assert metric(registry, "carpool_generation_waiting_streams") == 0
 
 
 GENERATES = ModelMetadata(
@@ -120,8 +123,11 @@ async def stream_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             write_frame(writer, request_id, frames.OK, text_frame(PIECE * PIECES))
 
 
-def streaming_plane(client: ModelClient, budget: AnswerBudget) -> DataPlane:
-    """A data plane for a model that streams tokens, through `client`."""
+def streaming_plane(
+    client: ModelClient, budget: AnswerBudget, registry: CollectorRegistry | None = None
+) -> DataPlane:
+    """A data plane for a model that streams tokens, through `client`; its generation
+    metrics in `registry`."""
     batcher = Batcher(
         BatchingSettings(max_queue_items=8),
         ModelServerForwarder(client, ModelState()),
@@ -129,7 +135,7 @@ def streaming_plane(client: ModelClient, budget: AnswerBudget) -> DataPlane:
     )
     state = ModelState()
     state.ready, state.metadata = True, GENERATES
-    streams = Streams(client, GenerationMetrics(CollectorRegistry(), "m"))
+    streams = Streams(client, GenerationMetrics(registry or CollectorRegistry(), "m"))
     return DataPlane("m", batcher, state, budget, streams)
 
 
@@ -152,6 +158,42 @@ async def test_an_answer_past_the_answer_limit_is_413_streamed_or_not(tmp_path: 
             finally:
                 await pieces.aclose()
         finally:
+            await client.close()
+
+
+async def answer_batches_whole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers every batch of one prompt with its whole text and the tokens it took."""
+    while True:
+        request_id, code, _ = await read_frame(reader)
+        assert code == frames.BATCH
+        outputs = {
+            TEXT_OUTPUT: Tensor(BYTES, (1,), [(PIECE * PIECES).encode()]),
+            GENERATED_TOKENS: Tensor.from_numpy(np.array([PIECES], np.int32)),
+        }
+        write_frame(writer, request_id, frames.OK, wire.encode_response([ItemResult(outputs)]))
+
+
+async def test_a_whole_answer_refused_for_its_size_counts_no_tokens(tmp_path: Path) -> None:
+    """Tokens generated for an answer that is refused (413) are not counted as served."""
+    http_socket = tmp_path / "model.sock"
+    client = ModelClient(f"unix://{http_socket}")
+    registry = CollectorRegistry()
+    plane = streaming_plane(client, AnswerBudget(2**20, 2**20), registry)
+    plane.state.metadata = dataclasses.replace(GENERATES, streams_tokens=False)
+    batching = asyncio.create_task(plane.batcher.run())
+    async with frame_server(Path(frames.socket_for(http_socket)), answer_batches_whole):
+        try:
+            now = asyncio.get_running_loop().time()
+            with pytest.raises(PayloadTooLarge, match="10000"):
+                await plane.generate(GenerateRequest("prompt"), None, now, 10_000)
+            assert metric(registry, "carpool_generation_tokens_total") == 0
+            answer = await plane.generate(GenerateRequest("prompt"), None, now, 2**20)
+            assert answer.text_output == PIECE * PIECES
+            assert metric(registry, "carpool_generation_tokens_total") == PIECES
+        finally:
+            batching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await batching
             await client.close()
 
 

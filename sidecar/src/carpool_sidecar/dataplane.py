@@ -206,9 +206,10 @@ class DataPlane:
             (output,) = _output_of_items(TEXT_OUTPUT, results)
             ending = generation.ending_of(results[0].outputs or {})
             text = generation.text_of(output)
-            if self.streams is not None:
-                self.streams.observe_whole(arrived_at, ending)
         held = self.answers.hold(_answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
+        if self.streams is not None and not metadata.streams_tokens:
+            # Counted once its answer is sure to be sent, as the streamed path counts.
+            self.streams.observe_whole(arrived_at, ending)
         return GenerateResponse(self.model_name, text, ending, held)
 
     async def generate_stream(
