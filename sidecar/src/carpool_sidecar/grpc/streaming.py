@@ -6,8 +6,9 @@ a decoupled model's: a short request is not held behind a long one sent before i
 request's responses come in order and carry its id; those of different requests interleave.
 At most REQUESTS_IN_FLIGHT requests of a stream are answered at once, and a request counts
 until the client has read its last response: past that the stream's next request is not
-read, so a client that does not read its answers holds a bounded amount of memory (each
-answer is bounded by the answer limit) and is slowed by gRPC's flow control.
+read, and is slowed by gRPC's flow control. Each response holds its room in the answer
+budget until gRPC has taken it, and its request makes no more until then: a client that
+does not read its answers holds no more than the budget, as on every other path.
 
 A generation request (one prompt) to a model server that streams tokens is answered piece by
 piece as the tokens come; any other request in one response, as ModelInfer answers it. A
@@ -40,6 +41,7 @@ class _Answered:
 
 
 _ANSWERED: Final = _Answered()
+_Response = tuple[ModelStreamInferResponse, "asyncio.Future[None]"]
 
 
 async def answer(
@@ -51,14 +53,20 @@ async def answer(
 ) -> AsyncIterator[ModelStreamInferResponse]:
     """Every response to the requests of one stream, each request's in order, requests
     beside one another; each request counts in `metrics` under `protocol`."""
+    loop = asyncio.get_running_loop()
     slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
-    # Responses, and _ANSWERED after each request's last; None once every request is.
-    responses: asyncio.Queue[ModelStreamInferResponse | _Answered | None] = asyncio.Queue()
+    # Responses, each with the future set once gRPC has taken it, and _ANSWERED after each
+    # request's last; None once every request is.
+    responses: asyncio.Queue[_Response | _Answered | None] = asyncio.Queue()
 
     async def answer_request(request: ModelInferRequest) -> None:
         try:
             async for response in _answer_one(request, dataplane, metrics, protocol, message_limit):
-                responses.put_nowait(response)
+                taken = loop.create_future()
+                responses.put_nowait((response, taken))
+                # Its room in the answer budget is held until gRPC has taken it, as a
+                # unary answer's is: a client that does not read holds the budget, not more.
+                await taken
         finally:
             responses.put_nowait(_ANSWERED)
 
@@ -82,7 +90,10 @@ async def answer(
             if isinstance(response, _Answered):
                 slots.release()
             else:
-                yield response
+                message, taken = response
+                yield message
+                if not taken.done():  # unless its request was cancelled meanwhile
+                    taken.set_result(None)
         await reader  # the requests' own error, if reading them failed
     finally:
         reader.cancel()
