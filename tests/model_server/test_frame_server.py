@@ -250,3 +250,27 @@ async def test_shutdown_finishes_the_batch_in_flight_then_hangs_up(
             await client.infer([item(1)], 2.0)
     finally:
         await client.close()
+
+
+async def test_shutdown_hangs_up_on_a_sidecar_that_reads_no_answers(
+    served: tuple[FrameServer, SlowToy, Path],
+) -> None:
+    """Answers the sidecar leaves unread fill the socket: shutdown still ends within its
+    timeout, cutting them. (Before, it waited for them to be read, forever.)"""
+    server, _, socket = served
+    _, writer = await asyncio.open_unix_connection(frames.socket_for(socket))
+    try:
+        batch = wire.encode_request([item(1)] * 16)
+        writer.writelines(frame(request_id, frames.BATCH, batch) for request_id in range(3000))
+        await writer.drain()
+        for _ in range(500):  # until the model server's answers wait for the socket
+            if any(c.transport and c.transport.get_write_buffer_size() for c in server.connections):
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the answers all fit in the socket")
+        async with asyncio.timeout(5):
+            await server.close(0.5)
+        assert not server.connections
+    finally:
+        writer.close()

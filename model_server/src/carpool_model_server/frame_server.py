@@ -72,13 +72,19 @@ class _Connection(frames.FrameParser, frames.WriteFlow, asyncio.Protocol):
         if (task := self.batches.pop(request_id, None)) is not None:
             task.cancel()
 
-    async def close(self) -> None:
-        """Cancel what still runs, wait for it, and hang up."""
+    async def close(self, deadline: float) -> None:
+        """Cancel what still runs, wait for it, and hang up once the answers written have
+        gone to the socket, or at `deadline` (loop time) without them: a sidecar that reads
+        nothing does not hold the shutdown."""
         for task in self.batches.values():
             task.cancel()
         await asyncio.gather(*self.batches.values(), return_exceptions=True)
         if self.transport is not None:
             self.transport.close()
+            loop = asyncio.get_running_loop()
+            await asyncio.wait([self.closed], timeout=max(0.0, deadline - loop.time()))
+            if not self.closed.done():
+                self.transport.abort()
         await self.closed
 
 
@@ -98,14 +104,16 @@ class FrameServer:
         log.info("listening for frames on %s", path)
 
     async def close(self, timeout_s: float) -> None:
-        """Stop accepting, let batches in flight finish (up to `timeout_s`), then hang up."""
+        """Stop accepting, let batches in flight finish and their answers go (up to
+        `timeout_s`), then hang up."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
         if self._server is not None:
             self._server.close()
         running = [task for c in self.connections for task in c.batches.values()]
         if running:
             await asyncio.wait(running, timeout=timeout_s)
         for connection in list(self.connections):
-            await connection.close()
+            await connection.close(deadline)
 
     def received(self, connection: _Connection, request_id: int, code: int, payload: bytes) -> None:
         """One whole frame, read from `connection`."""
