@@ -33,6 +33,18 @@ def not_json_events() -> list[bytes]:
     return [b"data: {not json"]
 
 
+def number_events() -> list[bytes]:
+    return [b"data: 5"]
+
+
+def no_text_events() -> list[bytes]:
+    return [b'data: {"model_name": "m"}']
+
+
+def number_text_events() -> list[bytes]:
+    return [b'data: {"text_output": 5}']
+
+
 @asynccontextmanager
 async def server(events: Callable[[], list[bytes]], dies: bool = False) -> AsyncIterator[str]:
     """Serves `events`, then ends its answer, or (`dies`) drops the connection."""
@@ -68,7 +80,16 @@ async def test_a_stream_cut_before_its_done_event_fails() -> None:
                 pass
 
 
-@pytest.mark.parametrize(("events", "dies"), [(triton_events, True), (not_json_events, False)])
+@pytest.mark.parametrize(
+    ("events", "dies"),
+    [
+        (triton_events, True),
+        (not_json_events, False),
+        (number_events, False),
+        (no_text_events, False),
+        (number_text_events, False),
+    ],
+)
 async def test_a_server_that_dies_or_garbles_its_stream_raises_stream_error(
     events: Callable[[], list[bytes]], dies: bool
 ) -> None:

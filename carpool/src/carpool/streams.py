@@ -69,11 +69,17 @@ async def generate_stream(
             except orjson.JSONDecodeError as error:
                 message = f"the stream broke off: an event is not JSON: {error}"
                 raise StreamError(message, reply.status) from error
+            if not isinstance(event, dict):
+                message = f"the stream broke off: an event is not a JSON object: {event!r:.100}"
+                raise StreamError(message, reply.status)
             if "error" in event:
                 raise StreamError(str(event["error"]), reply.status)
+            if not isinstance(text := event.get("text_output"), str):
+                message = f"the stream broke off: an event has no text_output string: {text!r:.100}"
+                raise StreamError(message, reply.status)
             marks_done = marks_done or "done" in event
             yield StreamEvent(
-                text=event["text_output"],
+                text=text,
                 done=bool(event.get("done", False)),
                 finish_reason=event.get("finish_reason"),
                 prompt_tokens=event.get("prompt_tokens"),
