@@ -66,3 +66,22 @@ async def test_a_stream_closed_with_answers_unread_frees_their_room() -> None:
         await wait_until(lambda: budget.unsent >= 9 * 4 * VALUES)
         await responses.aclose()  # as grpc.aio ends a cancelled call's handler
     assert budget.unsent == 0
+
+
+async def test_a_failed_request_is_answered_with_its_id() -> None:
+    """Responses of a stream's requests interleave: an error names the request it answers,
+    as Triton's does. (Before, its id was empty.)"""
+    async with dataplane() as (plane, _):
+        metrics = SidecarMetrics(CollectorRegistry(), "m")
+
+        async def requests() -> AsyncIterator[ModelInferRequest]:
+            yield numbers("good")
+            yield ModelInferRequest(model_name="nope", id="unknown model")
+            yield ModelInferRequest(model_name="m", id="no inputs")
+
+        responses = streaming.answer(requests(), plane, metrics, "grpc", 2**30)
+        answered = {r.infer_response.id: r.error_message async for r in responses}
+    assert answered.keys() == {"good", "unknown model", "no inputs"}
+    assert answered["good"] == ""
+    assert "nope" in answered["unknown model"]
+    assert "'inputs' must not be empty" in answered["no inputs"]

@@ -24,7 +24,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Final
 
-from carpool.contract.oip_grpc.inference_pb2 import ModelInferRequest, ModelStreamInferResponse
+from carpool.contract.oip_grpc.inference_pb2 import (
+    ModelInferRequest,
+    ModelInferResponse,
+    ModelStreamInferResponse,
+)
 from carpool.engine.errors import SidecarError
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.dataplane import DataPlane
@@ -130,4 +134,6 @@ async def _answer_one(
         log.exception("unexpected error in ModelStreamInfer")
         failure = status.INTERNAL_ERROR
     if failure is not None:
-        yield ModelStreamInferResponse(error_message=failure.message)
+        # With the request's id, as Triton answers: the responses of a stream interleave.
+        failed = ModelInferResponse(id=request.id)
+        yield ModelStreamInferResponse(error_message=failure.message, infer_response=failed)
