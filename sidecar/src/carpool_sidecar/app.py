@@ -22,7 +22,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from carpool.contract.metadata import TensorSpec
-from carpool.engine.errors import CLIENT_GONE, INTERNAL_MESSAGE, SidecarError
+from carpool.engine.errors import CLIENT_GONE, INTERNAL_MESSAGE, BodyTimeout, SidecarError
 from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
 from carpool_sidecar import operations as op
@@ -228,13 +228,17 @@ async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
         extra = oip_generate.answer_headers(generate_request)
         response = web.StreamResponse(headers={**SSE_HEADERS, **extra})
         await response.prepare(request)
+        sent = 0
         try:
             while True:
                 event = oip_generate.encode_event(dataplane.model_name, generate_request.id, piece)
-                await response.write(event)
+                await call.sidecar.sending.write(request, response, event, sent)
+                sent += len(event)
                 if piece.final is not None:
                     break
                 piece = await anext(pieces)
+        except BodyTimeout:
+            raise  # the connection is cut: no event can follow
         except SidecarError as error:
             await response.write(oip_generate.encode_error_event(error.message))
     finally:

@@ -1,9 +1,10 @@
 """Sending REST answers to callers who may not read them.
 
-An answer goes out in chunks, and each chunk must leave for the socket within `idle_s` (the
-body timeout, as for bodies coming in): a caller who stops reading has its connection cut
-(the unsent rest is dropped, not kept) and its answer counted as 408. Answers still being
-written when a drain ends are cut too, so that SIGTERM ends within the drain it promised.
+An answer goes out in chunks (a stream's, in its events), and each chunk must leave for the
+socket within `idle_s` (the body timeout, as for bodies coming in): a caller who stops
+reading has its connection cut (the unsent rest is dropped, not kept) and its answer counted
+as 408. Answers still being written when a drain ends are cut too, so that SIGTERM ends
+within the drain it promised.
 """
 
 from __future__ import annotations
@@ -82,6 +83,23 @@ class AnswerSending:
             if not self._writing:
                 self._done.set()
         return response
+
+    async def write(
+        self, request: web.BaseRequest, response: web.StreamResponse, data: bytes, sent: int
+    ) -> None:
+        """One more piece of an answer sent as it comes (a stream's event, `sent` bytes
+        after its start), which must leave for the socket within `idle_s` as each chunk of
+        `send`'s does: a caller who stops reading a stream does not hold it open."""
+        transport = request.transport
+        write = response.write(data)
+        if (
+            transport is None  # the caller left: the write says so
+            or (len(data) <= SMALL_BYTES and transport.get_write_buffer_size() <= SMALL_BYTES)
+        ):
+            # Under the transport's high-water mark (see `send`): the write waits for nobody.
+            await write
+            return
+        await self._timed(write, transport, sent)
 
     async def finish(self, grace_s: float) -> None:
         """Wait `grace_s` at most for the answers being written, then cut those left."""
