@@ -190,6 +190,7 @@ def tensor_body(name: str, datatype: str, shape: list[int], data: list[int]) -> 
     [
         (b"{not json", 400, "not valid JSON"),
         (b'{"inputs": [{"name": "\xff"}]}', 400, "not valid JSON"),  # not UTF-8
+        (b'{"id": "\xff", ' + tensor_body("input", "FP32", [1, 4], [1, 2, 3, 4])[1:], 400, "id"),
         (tensor_body("input", "FP32", [1, 3], [1, 2, 3]), 400, "shape"),
         (tensor_body("input", "INT32", [1, 4], [1, 2, 3, 4]), 400, "datatype"),
         (tensor_body("other", "FP32", [1, 4], [1, 2, 3, 4]), 400, "input"),

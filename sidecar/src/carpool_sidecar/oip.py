@@ -260,7 +260,10 @@ def _optional_id(raw: msgspec.Raw) -> str | None:
         return None
     if not start.startswith(b'"'):
         raise BadRequest(f"'id' must be a string, got {start.decode(errors='replace')}...")
-    value: str = msgspec.json.decode(raw)
+    try:
+        value: str = msgspec.json.decode(raw)
+    except UnicodeDecodeError:  # the raw value's string is read only here
+        raise BadRequest("'id' is not UTF-8 text") from None
     return value
 
 
