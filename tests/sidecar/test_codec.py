@@ -488,3 +488,22 @@ def test_kserve_v1_instances_are_counted_before_they_are_converted(
     peak, raised = peak_bytes(lambda: kserve_v1.parse_request(body, one_input(shape), bounds))
     assert isinstance(raised, error) and message in str(raised), raised
     assert peak < 2.5 * len(body), f"{peak >> 20} MiB for a {len(body) >> 20} MiB body"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"text_input": "a", "max_tokens": null, "parameters": {"max_tokens": 3}}',
+        b'{"text_input": "a", "max_tokens": 3, "parameters": {"max_tokens": null}}',
+        b'{"text_input": "a", "parameters": {"max_tokens": 3, "max_new_tokens": null}}',
+    ],
+)
+def test_a_setting_given_as_null_beside_the_text_leaves_the_parameters_its_own(
+    body: bytes,
+) -> None:
+    """null is "not given", beside `text_input` as among the parameters: a setting given
+    once with a value and once as null is given once, and a null `max_new_tokens` is no
+    use of the deprecated name. (Before, each was a 400: "give 'max_tokens' once", "give
+    'max_tokens' only".)"""
+    parsed = oip_generate.parse_request(body, GENERATES)
+    assert parsed.max_tokens == 3 and parsed.deprecations == ()

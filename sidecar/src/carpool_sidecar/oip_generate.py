@@ -147,17 +147,22 @@ def _settings(document: _Document) -> _Parameters:
     raw = document.parameters or _Parameters()
     for name in SETTINGS:
         given = getattr(document, name)
-        if not given:
+        if not _given(given):
             continue
-        if getattr(raw, name):
+        if _given(getattr(raw, name)):
             raise BadRequest(f"give {name!r} once: beside 'text_input' or among the parameters")
         raw = msgspec.structs.replace(raw, **{name: given})
     return raw
 
 
+def _given(raw: msgspec.Raw) -> bool:
+    """Whether a setting is given: null is as if left out."""
+    return bool(raw) and bytes(raw) != b"null"
+
+
 def _max_tokens(parameters: dict[str, Any]) -> tuple[int | None, tuple[str, ...]]:
     """`max_tokens`, or the deprecated `max_new_tokens` with its deprecation note."""
-    if MAX_NEW_TOKENS not in parameters:
+    if parameters.get(MAX_NEW_TOKENS) is None:  # null: not given
         return _token_count(MAX_TOKENS, parameters.get(MAX_TOKENS)), ()
     if MAX_TOKENS in parameters:
         raise BadRequest(f"give {MAX_TOKENS!r} only: {MAX_NEW_TOKENS!r} is its deprecated name")
