@@ -65,7 +65,7 @@ async def test_a_stream_closed_with_answers_unread_frees_their_room() -> None:
         await anext(responses)
         await wait_until(lambda: budget.unsent >= 9 * 4 * VALUES)
         await responses.aclose()  # as grpc.aio ends a cancelled call's handler
-    assert budget.unsent == 0
+        assert budget.unsent == 0
 
 
 async def test_a_failed_request_is_answered_with_its_id() -> None:
