@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+import pytest
+from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry
 from sidecar.test_dataplane import dataplane
 
 from carpool.contract.oip_grpc.inference_pb2 import ModelInferRequest, ModelStreamInferResponse
+from carpool.engine.errors import BadRequest
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.answers import AnswerBudget
 from carpool_sidecar.grpc import streaming
@@ -85,3 +88,19 @@ async def test_a_failed_request_is_answered_with_its_id() -> None:
     assert answered["good"] == ""
     assert "nope" in answered["unknown model"]
     assert "'inputs' must not be empty" in answered["no inputs"]
+
+
+async def test_a_stream_whose_requests_cannot_be_read_ends_with_a_bad_request() -> None:
+    """A message that is no ModelInferRequest ends the call as a bad request (the servicer
+    makes it INVALID_ARGUMENT). (Before, it ended with "unhandled errors in a TaskGroup",
+    which gRPC reported as UNKNOWN.)"""
+    async with dataplane() as (plane, _):
+        metrics = SidecarMetrics(CollectorRegistry(), "m")
+
+        async def requests() -> AsyncIterator[ModelInferRequest]:
+            yield numbers("good")
+            raise DecodeError("Error parsing message with type 'inference.ModelInferRequest'")
+
+        with pytest.raises(BadRequest, match="a message is not a ModelInferRequest"):
+            async for _ in streaming.answer(requests(), plane, metrics, "grpc", 2**30):
+                pass

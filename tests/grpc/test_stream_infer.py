@@ -8,6 +8,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import orjson
 import pytest
@@ -143,3 +144,17 @@ def test_a_client_that_cancels_its_stream_ends_every_sequence_of_it(pair: Pair) 
     finally:
         client.close()
     wait_cancelled(server, cancelled, 2)
+
+
+async def test_a_message_that_is_no_request_ends_the_stream_as_invalid(pair: Pair) -> None:
+    """(Before, the stream ended UNKNOWN, "unhandled errors in a TaskGroup".)"""
+    async with grpc.aio.insecure_channel(pair.sidecar.grpc) as channel:
+        method = "/inference.GRPCInferenceService/ModelStreamInfer"
+        call = channel.stream_stream(method)()  # bytes as they are, not a message
+        await call.write(b"\xff\xff\xff\xff")
+        await call.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for _ in call:
+                pass
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a ModelInferRequest" in (ended.value.details() or "")

@@ -103,12 +103,19 @@ class InferenceServicer:
             outputs=[tensor(**spec.as_v2()) for spec in metadata.outputs],
         )
 
-    def ModelStreamInfer(
+    async def ModelStreamInfer(
         self, requests: AsyncIterator[ModelInferRequest], context: Context
     ) -> AsyncIterator[ModelStreamInferResponse]:
-        """Triton's streaming RPC (`grpc.streaming`)."""
+        """Triton's streaming RPC (`grpc.streaming`); a message that is no request ends it
+        with INVALID_ARGUMENT."""
         limit = self._message_limit
-        return streaming.answer(requests, self._dataplane, self._metrics, PROTOCOL, limit)
+        try:
+            async for response in streaming.answer(
+                requests, self._dataplane, self._metrics, PROTOCOL, limit
+            ):
+                yield response
+        except SidecarError as error:
+            await status.abort(context, error)
 
     async def ModelInfer(self, message: bytes, context: Context) -> ModelInferResponse:
         """Takes the message undecoded (see `server`): a call refused for load costs no

@@ -24,12 +24,14 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Final
 
+from google.protobuf.message import DecodeError
+
 from carpool.contract.oip_grpc.inference_pb2 import (
     ModelInferRequest,
     ModelInferResponse,
     ModelStreamInferResponse,
 )
-from carpool.engine.errors import SidecarError
+from carpool.engine.errors import BadRequest, SidecarError
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc import codec, status
@@ -84,7 +86,14 @@ async def answer(
                         request = await anext(arriving)
                     except StopAsyncIteration:
                         break
+                    except DecodeError as error:
+                        message = f"a message is not a ModelInferRequest: {error}"
+                        raise BadRequest(message) from None
                     answering.create_task(answer_request(request))
+        except BaseExceptionGroup as failed:
+            # Reading the requests failed (an answer raises nothing of its own): the call
+            # ends with that error, unwrapped.
+            raise failed.exceptions[0] from None
         finally:
             responses.put_nowait(None)
 
