@@ -48,10 +48,12 @@ async def test_answers_a_client_has_not_read_hold_the_answer_budget() -> None:
     refused, as on every other path. (Before, each was dropped from the budget as soon as it
     was queued for the stream: all ten were held, the budget read 0.)"""
     budget = AnswerBudget(2**30, ROOM)
-    async with dataplane(answers=budget) as (plane, _):
+    async with dataplane(answers=budget) as (plane, model):
         metrics = SidecarMetrics(CollectorRegistry(), "m")
         responses = streaming.answer(sent(10), plane, metrics, "grpc", 2**30)
         first = await anext(responses)
+        # Every request answered by the model, and four answers held for the client.
+        await wait_until(lambda: sum(map(len, model.batches)) == 10)
         await wait_until(lambda: budget.unsent > ROOM - 4 * VALUES)
         rest: list[ModelStreamInferResponse] = [response async for response in responses]
     refused = [r.error_message for r in [first, *rest] if r.error_message]
