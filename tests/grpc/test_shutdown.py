@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,35 @@ async def test_sigterm_answers_queued_calls_and_refuses_new_ones(tmp_path: Path)
             output = np.frombuffer(answer.raw_output_contents[0], dtype=np.float32)
             np.testing.assert_array_equal(output, np.full(4, 2 * value + 1, dtype=np.float32))
         assert sidecar.process.wait(15) == 0
+
+
+@pytest.mark.serial  # times the exit against the drain it would otherwise wait out
+async def test_sigterm_ends_open_streams_once_their_requests_are_answered(tmp_path: Path) -> None:
+    """A client keeps its ModelStreamInfer stream open between requests, as tritonclient
+    does: after SIGTERM the request in flight gets its answer, then the stream ends with
+    UNAVAILABLE (open a new one elsewhere) instead of holding the sidecar's exit for the
+    whole drain."""
+    drain = ("--drain-seconds", "30")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *NO_DELAY, *drain, env=SLOW) as pair:
+        sidecar = pair.sidecar
+        async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            idle, busy = stub.ModelStreamInfer(), stub.ModelStreamInfer()
+            await idle.write(toy_request(1))
+            await idle.read()  # answered; the stream stays open with nothing in flight
+            await busy.write(toy_request(2))
+            await asyncio.to_thread(
+                wait_for, lambda: metric(sidecar, "carpool_queue_items") == 0, 10.0, "sent"
+            )
+            started = time.monotonic()
+            sidecar.process.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(10):  # well within the drain of 30 s
+                answer = await busy.read()
+                output = np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32)
+                np.testing.assert_array_equal(output, np.full(4, 5, dtype=np.float32))
+                for stream in (idle, busy):
+                    with pytest.raises(grpc.aio.AioRpcError) as ended:
+                        await stream.read()
+                    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert sidecar.process.wait(25) == 0
+        assert time.monotonic() - started < 10

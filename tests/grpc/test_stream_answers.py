@@ -50,7 +50,7 @@ async def test_answers_a_client_has_not_read_hold_the_answer_budget() -> None:
     budget = AnswerBudget(2**30, ROOM)
     async with dataplane(answers=budget) as (plane, model):
         metrics = SidecarMetrics(CollectorRegistry(), "m")
-        responses = streaming.answer(sent(10), plane, metrics, "grpc", 2**30)
+        responses = streaming.answer(sent(10), plane, metrics, "grpc", 2**30, asyncio.Event())
         first = await anext(responses)
         # Every request answered by the model, and four answers held for the client.
         await wait_until(lambda: sum(map(len, model.batches)) == 10)
@@ -66,7 +66,7 @@ async def test_a_stream_closed_with_answers_unread_frees_their_room() -> None:
     budget = AnswerBudget(2**30, 2**30)
     async with dataplane(answers=budget) as (plane, _):
         metrics = SidecarMetrics(CollectorRegistry(), "m")
-        responses = streaming.answer(sent(10), plane, metrics, "grpc", 2**30)
+        responses = streaming.answer(sent(10), plane, metrics, "grpc", 2**30, asyncio.Event())
         await anext(responses)
         await wait_until(lambda: budget.unsent >= 9 * 4 * VALUES)
         await responses.aclose()  # as grpc.aio ends a cancelled call's handler
@@ -84,7 +84,7 @@ async def test_a_failed_request_is_answered_with_its_id() -> None:
             yield ModelInferRequest(model_name="nope", id="unknown model")
             yield ModelInferRequest(model_name="m", id="no inputs")
 
-        responses = streaming.answer(requests(), plane, metrics, "grpc", 2**30)
+        responses = streaming.answer(requests(), plane, metrics, "grpc", 2**30, asyncio.Event())
         answered = {r.infer_response.id: r.error_message async for r in responses}
     assert answered.keys() == {"good", "unknown model", "no inputs"}
     assert answered["good"] == ""
@@ -104,5 +104,7 @@ async def test_a_stream_whose_requests_cannot_be_read_ends_with_a_bad_request() 
             raise DecodeError("Error parsing message with type 'inference.ModelInferRequest'")
 
         with pytest.raises(BadRequest, match="a message is not a ModelInferRequest"):
-            async for _ in streaming.answer(requests(), plane, metrics, "grpc", 2**30):
+            async for _ in streaming.answer(
+                requests(), plane, metrics, "grpc", 2**30, asyncio.Event()
+            ):
                 pass

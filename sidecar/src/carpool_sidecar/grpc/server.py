@@ -135,7 +135,8 @@ async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None
         return
     server = grpc.aio.server(options=options(config))
     arrivals = Arrivals()
-    handlers = method_handlers(InferenceServicer(sidecar), arrivals)
+    servicer = InferenceServicer(sidecar)
+    handlers = method_handlers(servicer, arrivals)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
     health = HealthFollower(sidecar.dataplane, arrivals)
@@ -165,5 +166,7 @@ async def serving(config: SidecarConfig, sidecar: Sidecar) -> AsyncIterator[None
         await asyncio.gather(follower, return_exceptions=True)
         sidecar.before_scrape.remove(unseen.update)
         unseen.update()
+        # Streams kept open between requests would otherwise hold the exit for the grace.
+        servicer.close_streams()
         await server.stop(_grace(sidecar))
         log.info("gRPC stopped")

@@ -68,6 +68,7 @@ class InferenceServicer:
         self._calls = 0  # ModelInfer calls in flight
         # gRPC refuses to send a larger message: such an answer is not even built.
         self._message_limit = sidecar.config.grpc_message_limit
+        self._closing_streams = asyncio.Event()
 
     async def ServerLive(self, request: ServerLiveRequest, context: Context) -> ServerLiveResponse:
         return ServerLiveResponse(live=self._dataplane.live)
@@ -107,15 +108,19 @@ class InferenceServicer:
         self, requests: AsyncIterator[ModelInferRequest], context: Context
     ) -> AsyncIterator[ModelStreamInferResponse]:
         """Triton's streaming RPC (`grpc.streaming`); a message that is no request ends it
-        with INVALID_ARGUMENT."""
-        limit = self._message_limit
+        with INVALID_ARGUMENT, `close_streams` with UNAVAILABLE."""
+        limit, closing = self._message_limit, self._closing_streams
         try:
             async for response in streaming.answer(
-                requests, self._dataplane, self._metrics, PROTOCOL, limit
+                requests, self._dataplane, self._metrics, PROTOCOL, limit, closing
             ):
                 yield response
         except SidecarError as error:
             await status.abort(context, error)
+
+    def close_streams(self) -> None:
+        """End every ModelStreamInfer stream once its requests are answered; they read no more."""
+        self._closing_streams.set()
 
     async def ModelInfer(self, message: bytes, context: Context) -> ModelInferResponse:
         """Takes the message undecoded (see `server`): a call refused for load costs no

@@ -14,6 +14,10 @@ A generation request (one prompt) to a model server that streams tokens is answe
 piece as the tokens come; any other request in one response, as ModelInfer answers it. A
 request that fails is answered with its `error_message`, and the stream goes on with the
 next one, as Triton does. Each request counts in the metrics as a ModelInfer call does.
+
+Clients keep a stream open between requests. Once the sidecar closes its streams (after the
+drain), a stream ends with UNAVAILABLE as soon as it has no request unanswered, so that an
+idle stream does not hold the sidecar's exit for what is left of the drain.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from carpool.contract.oip_grpc.inference_pb2 import (
     ModelInferResponse,
     ModelStreamInferResponse,
 )
-from carpool.engine.errors import BadRequest, SidecarError
+from carpool.engine.errors import BadRequest, SidecarError, Unavailable
 from carpool.engine.metrics import SidecarMetrics
 from carpool_sidecar.dataplane import DataPlane
 from carpool_sidecar.grpc import codec, status
@@ -56,11 +60,14 @@ async def answer(
     metrics: SidecarMetrics,
     protocol: str,
     message_limit: int,
+    closing: asyncio.Event,
 ) -> AsyncIterator[ModelStreamInferResponse]:
     """Every response to the requests of one stream, each request's in order, requests
-    beside one another; each request counts in `metrics` under `protocol`."""
+    beside one another; each request counts in `metrics` under `protocol`. Once `closing`
+    is set, the stream reads no more and ends when its requests are answered."""
     loop = asyncio.get_running_loop()
     slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+    unanswered = 0  # requests read whose last response the client has not taken
     # Responses, each with the future set once gRPC has taken it, and _ANSWERED after each
     # request's last; None once every request is.
     responses: asyncio.Queue[_Response | _Answered | None] = asyncio.Queue()
@@ -77,6 +84,7 @@ async def answer(
             responses.put_nowait(_ANSWERED)
 
     async def read() -> None:
+        nonlocal unanswered
         try:
             async with asyncio.TaskGroup() as answering:
                 arriving = aiter(requests)
@@ -89,6 +97,7 @@ async def answer(
                     except DecodeError as error:
                         message = f"a message is not a ModelInferRequest: {error}"
                         raise BadRequest(message) from None
+                    unanswered += 1
                     answering.create_task(answer_request(request))
         except BaseExceptionGroup as failed:
             # Reading the requests failed (an answer raises nothing of its own): the call
@@ -97,21 +106,33 @@ async def answer(
         finally:
             responses.put_nowait(None)
 
+    def stop_reading_when_answered(_: object = None) -> None:
+        if closing.is_set() and not unanswered:
+            reader.cancel()  # waiting for a request: none is dropped that would be served
+
     reader = asyncio.create_task(read())
+    watcher = asyncio.create_task(closing.wait())
+    watcher.add_done_callback(stop_reading_when_answered)
     try:
         while (response := await responses.get()) is not None:
             if isinstance(response, _Answered):
                 slots.release()
+                unanswered -= 1
+                stop_reading_when_answered()
             else:
                 message, taken = response
                 yield message
                 if not taken.done():  # unless its request was cancelled meanwhile
                     taken.set_result(None)
+        if closing.is_set() and reader.cancelled():
+            raise Unavailable("the sidecar is shutting down; open a new stream")
         await reader  # the requests' own error, if reading them failed
     finally:
+        watcher.cancel()
         reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        for task in (reader, watcher):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _answer_one(
