@@ -94,8 +94,7 @@ async def test_a_failed_request_is_answered_with_its_id() -> None:
 
 async def test_a_stream_whose_requests_cannot_be_read_ends_with_a_bad_request() -> None:
     """A message that is no ModelInferRequest ends the call as a bad request (the servicer
-    makes it INVALID_ARGUMENT). (Before, it ended with "unhandled errors in a TaskGroup",
-    which gRPC reported as UNKNOWN.)"""
+    makes it INVALID_ARGUMENT), once the requests read before it are answered."""
     async with dataplane() as (plane, _):
         metrics = SidecarMetrics(CollectorRegistry(), "m")
 
@@ -103,8 +102,10 @@ async def test_a_stream_whose_requests_cannot_be_read_ends_with_a_bad_request() 
             yield numbers("good")
             raise DecodeError("Error parsing message with type 'inference.ModelInferRequest'")
 
+        answered = []
         with pytest.raises(BadRequest, match="a message is not a ModelInferRequest"):
-            async for _ in streaming.answer(
+            async for response in streaming.answer(
                 requests(), plane, metrics, "grpc", 2**30, asyncio.Event()
             ):
-                pass
+                answered.append(response.infer_response.id)
+        assert answered == ["good"]

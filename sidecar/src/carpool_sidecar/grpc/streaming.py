@@ -85,6 +85,7 @@ async def answer(
 
     async def read() -> None:
         nonlocal unanswered
+        unreadable: BadRequest | None = None
         try:
             async with asyncio.TaskGroup() as answering:
                 arriving = aiter(requests)
@@ -95,8 +96,10 @@ async def answer(
                     except StopAsyncIteration:
                         break
                     except DecodeError as error:
+                        # It ends the stream once the requests read before it are answered.
                         message = f"a message is not a ModelInferRequest: {error}"
-                        raise BadRequest(message) from None
+                        unreadable = BadRequest(message)
+                        break
                     unanswered += 1
                     answering.create_task(answer_request(request))
         except BaseExceptionGroup as failed:
@@ -105,6 +108,8 @@ async def answer(
             raise failed.exceptions[0] from None
         finally:
             responses.put_nowait(None)
+        if unreadable is not None:
+            raise unreadable
 
     def stop_reading_when_answered(_: object = None) -> None:
         if closing.is_set() and not unanswered:
