@@ -298,12 +298,15 @@ def test_offline_records_take_max_tokens_and_refuse_settings_they_cannot_read(
     tiny_lm_path: Path,
 ) -> None:
     """`carpool infer` reads a record's `max_tokens` as the generate extension names it, and
-    refuses a setting it would otherwise drop, rather than answer with the default."""
+    refuses a setting it would otherwise drop, rather than answer with the default; a null
+    setting is one not given."""
     records = [
         {"text_input": "a cat", "max_tokens": 3, "id": "kept for the caller"},
         {"text_input": "a cat", "max_new_tokens": 3},
         {"text_input": "a cat", "max_tokens": 3, "max_new_tokens": 3},
         {"text_input": "a cat", "parameters": {"max_tokens": 3}},
+        # null leaves a setting to its default, as /generate reads it.
+        {"text_input": "a cat", "max_tokens": 3, "temperature": None, "stop": None},
     ]
     with BatchInference("text-generation", model_path=tiny_lm_path, torch_threads=1) as inference:
         answers = dict(
@@ -311,11 +314,11 @@ def test_offline_records_take_max_tokens_and_refuse_settings_they_cannot_read(
             for indices, results in inference.run(records)
             for answer in zip(indices, results, strict=True)
         )
-    for index in (0, 1):
+    for index in (0, 1, 4):
         assert answers[index].error is None, answers[index].error
         assert answers[index].outputs is not None
         assert answers[index].outputs["generated_tokens"].to_numpy().tolist() == [3]
-    assert text_of(answers[0]) == text_of(answers[1])
+    assert text_of(answers[0]) == text_of(answers[1]) == text_of(answers[4])
     assert answers[2].status == answers[3].status == 400
     assert "'max_tokens'" in str(answers[2].error)
     assert "'parameters'" in str(answers[3].error)

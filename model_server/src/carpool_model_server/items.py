@@ -43,6 +43,8 @@ def item_from_record(
     specs = {spec.name: spec for spec in inputs}
     item: dict[str, Tensor] = {}
     for name, value in record.items():
+        if value is None and name in _SETTINGS:
+            continue  # not given, as /generate reads a null setting: the model's default
         spec = specs.get(name) or specs.get(generation.input_name(name))
         if spec is None:
             if name in _SETTINGS:
