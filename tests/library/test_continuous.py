@@ -75,6 +75,25 @@ async def test_concurrent_streams_match_generate_alone(handler: TextGenerationHa
         assert final.generated_tokens == len(tokens)
 
 
+async def test_a_stream_decodes_each_token_once_not_its_whole_text_each_time(
+    handler: TextGenerationHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text so far is decoded token by token: decoding it whole at every token cost
+    each step the answer's length, per running sequence. Only the answer is decoded whole."""
+    decoded: list[int] = []
+    decode = handler.tokenizer.decode
+
+    def counting(ids: list[int], **kwargs: Any) -> str:
+        decoded.append(len(ids))
+        return str(decode(ids, **kwargs))
+
+    monkeypatch.setattr(handler.tokenizer, "decode", counting)
+    pieces = await stream(handler, prompt_item("a red house by the river", max_new_tokens=30))
+    final = pieces[-1].answer
+    assert final is not None and final.generated_tokens == 30 and len(pieces) > 10
+    assert decoded == [30]
+
+
 async def test_newcomers_prompts_are_prefilled_in_steps_of_their_own(
     handler: TextGenerationHandler,
 ) -> None:

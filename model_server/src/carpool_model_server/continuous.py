@@ -30,6 +30,7 @@ from typing import Any
 from carpool.contract import generation
 from carpool_model_server import row_choice
 from carpool_model_server.handler_text_generation import Answer, Request, cut_at_stop, finish
+from carpool_model_server.streamed_text import StreamedText
 
 log = logging.getLogger(__name__)
 # Tokens per page of the paged KV cache.
@@ -184,6 +185,7 @@ class TokenLoop:
             eos_token_id=self.eos_id,
             **row_choice.request_settings(request.temperature, request.seed, self._device),
         )
+        text = StreamedText(self.tokenizer)
         shown = ""
         finished = False  # by the loop: nothing to cancel
         try:
@@ -192,15 +194,15 @@ class TokenLoop:
                 if output.error is not None:
                     raise RuntimeError(f"generation failed: {output.error}")
                 finished = output.is_finished()
-                tokens: list[int] = list(output.generated_tokens)
-                answer = self._answer(tokens, request, done=finished)
+                tokens: list[int] = output.generated_tokens
+                answer = self._answer(tokens, text.extend(tokens), request, done=finished)
                 if answer is not None:
                     yield Piece(_rest(answer.text, shown), answer)
                     return
-                text = self._visible(tokens, request)
-                if len(text) > len(shown) and text.startswith(shown):
-                    yield Piece(text[len(shown) :])
-                    shown = text
+                visible = _visible(text.text, request.stop)
+                if len(visible) > len(shown) and visible.startswith(shown):
+                    yield Piece(visible[len(shown) :])
+                    shown = visible
         finally:
             if not finished:  # the caller left, or a stop string ended it
                 self._manager.cancel_request(request_id)
@@ -209,24 +211,20 @@ class TokenLoop:
             with self._manager.output_router._lock:
                 self._manager.output_router.result_handlers.pop(request_id, None)
 
-    def _answer(self, tokens: list[int], request: Request, done: bool) -> Answer | None:
-        """The whole answer once the sequence ended or a stop string cut it, else None."""
-        if done:
-            return finish(self.tokenizer, self.eos_id, tokens, request)
-        if request.stop:
-            answer = finish(self.tokenizer, self.eos_id, tokens, request)
-            if answer.finish_reason == generation.STOP_SEQUENCE:
+    def _answer(self, tokens: list[int], text: str, request: Request, done: bool) -> Answer | None:
+        """The whole answer once the sequence ended or a stop string cut its `text` (that
+        of `tokens` so far), else None."""
+        if done or cut_at_stop(text, request.stop) != text:
+            answer = finish(self.tokenizer, self.eos_id, list(tokens), request)
+            if done or answer.finish_reason == generation.STOP_SEQUENCE:
                 return answer
         return None
 
-    def _visible(self, tokens: list[int], request: Request) -> str:
-        """The text so far that no later token can change: a character still being spelt
-        out (U+FFFD at the end) and a tail that begins a stop string are held."""
-        text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        text = text.rstrip("\ufffd")
-        if request.stop:
-            text = text[: len(text) - stop_tail(text, request.stop)]
-        return cut_at_stop(text, request.stop)
+
+def _visible(text: str, stop: tuple[str, ...]) -> str:
+    """The text so far that no later token can change: a tail that begins a stop string
+    is held (as is a character still being spelt out: `StreamedText`)."""
+    return text[: len(text) - stop_tail(text, stop)] if stop else text
 
 
 def stop_tail(text: str, stop: tuple[str, ...]) -> int:

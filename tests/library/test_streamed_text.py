@@ -1,0 +1,84 @@
+"""A streamed answer's text, token by token: the same text as decoding every token at once."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from carpool_model_server.streamed_text import StreamedText
+
+MIXED = "héllo 日本 wörld 🙂 the sky, the sun."
+
+
+@pytest.fixture(scope="module")
+def byte_level() -> Any:
+    """A GPT-2 style tokenizer (byte-level BPE) with few merges: characters outside ASCII
+    take several tokens, each spelling out part of one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"],
+    )
+    core.train_from_iterator(["héllo wörld", "the sky the sun hello world"], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>")
+
+
+def texts_as_tokens_come(tokenizer: Any, ids: list[int]) -> list[str]:
+    text = StreamedText(tokenizer)
+    return [text.extend(ids[:count]) for count in range(1, len(ids) + 1)]
+
+
+def assert_streams_as_decoded(tokenizer: Any, ids: list[int]) -> None:
+    """Each text is the last one and more, holds no half-spelt character, and the last is
+    the whole decoded text but for one still being spelt out."""
+    texts = texts_as_tokens_come(tokenizer, ids)
+    whole = tokenizer.decode(ids, skip_special_tokens=True)
+    for before, after in zip(["", *texts], texts, strict=False):
+        assert after.startswith(before)
+        assert not after.endswith("\ufffd")
+    assert texts[-1] == whole.rstrip("\ufffd")
+
+
+def test_characters_split_across_tokens_come_whole(byte_level: Any) -> None:
+    ids = byte_level(MIXED)["input_ids"]
+    assert len(ids) > len(MIXED.split())  # characters were split over tokens
+    texts = texts_as_tokens_come(byte_level, ids)
+    assert texts[-1] == MIXED
+    assert "日" in texts[-1] and not any("\ufffd" in text for text in texts)
+    assert_streams_as_decoded(byte_level, ids)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_any_tokens_stream_as_they_decode(byte_level: Any, tiny_lm_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    for tokenizer in (byte_level, AutoTokenizer.from_pretrained(tiny_lm_path)):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(60)]
+        assert_streams_as_decoded(tokenizer, ids)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_streams_the_cleaned_text() -> None:
+    """transformers' clean-up rewrites text across tokens after decoding ("sky ." to
+    "sky."): such a tokenizer's text is decoded whole, cleaned up as its answer is."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["<eos>", "<unk>", "the", "sky", ".", "do", "n't"]
+    core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<eos>", clean_up_tokenization_spaces=True
+    )
+    ids = tokenizer("the sky . do n't")["input_ids"]
+    assert tokenizer.decode(ids) == "the sky. don't"
+    assert texts_as_tokens_come(tokenizer, ids) == [
+        tokenizer.decode(ids[:count]) for count in range(1, len(ids) + 1)
+    ]
