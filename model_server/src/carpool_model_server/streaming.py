@@ -147,6 +147,9 @@ async def answer(
     if pieces is None:
         yield frames.OK, await run_batch(body)
         return
+    # Labelled once a stream, not at every piece.
+    first_token = metrics.first_token.labels(metrics.model)
+    token_gap = metrics.token_gap.labels(metrics.model)
     loop = asyncio.get_running_loop()
     last = loop.time()
     first = True
@@ -154,9 +157,7 @@ async def answer(
     try:
         async for piece in pieces:
             now = loop.time()
-            (metrics.first_token if first else metrics.token_gap).labels(metrics.model).observe(
-                now - last
-            )
+            (first_token if first else token_gap).observe(now - last)
             first, last = False, now
             if piece.answer is not None:
                 metrics.tokens.labels(metrics.model).inc(piece.answer.generated_tokens)
