@@ -55,7 +55,8 @@ def serve(folder: Path, tmp: Path, *options: str) -> Iterator[ModelServer]:
 @pytest.fixture(scope="module")
 def sentence_folder(encoder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The encoder as sentence-transformers saves it: CLS pooling, then Normalize."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
 
     modules = [models.Transformer(str(encoder)), models.Pooling(32, "cls"), models.Normalize()]
     folder = tmp_path_factory.mktemp("sentence")
