@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,33 @@ def test_a_tokenizer_that_cleans_up_spaces_streams_the_cleaned_text() -> None:
     assert texts_as_tokens_come(tokenizer, ids) == [
         tokenizer.decode(ids[:count]) for count in range(1, len(ids) + 1)
     ]
+
+
+def test_bytes_that_turn_out_no_character_do_not_break_the_stream() -> None:
+    """A Llama-style tokenizer spells rare characters byte by byte (byte fallback) and
+    decodes a run of bytes that is no UTF-8 as one U+FFFD per byte: a byte after a whole
+    "é" rewrites it. The stream goes on from that byte; the text so far stands."""
+    from tokenizers import Tokenizer, decoders, models
+
+    pieces = ["<unk>", "<s>", "</s>", "\u2581the", "\u2581sky", "<0xC3>", "<0xA9>", "<0x97>"]
+    vocab = {piece: index for index, piece in enumerate(pieces)}
+    core = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    core.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>")
+    the, sky, c3, a9, x97 = (vocab[piece] for piece in pieces[3:])
+    ids = [the, c3, a9, sky]
+    assert texts_as_tokens_come(tokenizer, ids) == ["the", "the", "theé", "theé sky"]
+    assert tokenizer.decode(ids) == "theé sky"
+    texts = texts_as_tokens_come(tokenizer, [the, c3, a9, x97, the])
+    assert texts == ["the", "the", "theé", "theé", "theé\ufffd the"]
+    rng = random.Random(0)
+    for _ in range(200):  # any tokens: each text the last one and more
+        texts = texts_as_tokens_come(tokenizer, [rng.randrange(len(pieces)) for _ in range(12)])
+        assert all(after.startswith(before) for before, after in itertools.pairwise(texts))

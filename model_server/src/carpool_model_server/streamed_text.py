@@ -7,6 +7,12 @@ with that library's `DecodeStream` (which holds a character still being spelt ou
 gives the same text as decoding all the tokens at once. A tokenizer without one, or one
 that rewrites spaces after decoding (`clean_up_tokenization_spaces`), decodes the whole
 answer every time, as before.
+
+A run of byte tokens (byte fallback, as Llama's tokenizer spells rare characters) that
+turns out to be no UTF-8 decodes as one U+FFFD per byte, rewriting a character the stream
+already gave ("é" and one more byte: three U+FFFD). `DecodeStream` refuses such a token
+(the text no longer begins with what it gave); the stream then starts afresh at the
+tokens it has not shown yet, and the text shown stands.
 """
 
 from __future__ import annotations
@@ -14,19 +20,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# How `DecodeStream.step` says that a token rewrote text it gave before.
+REWRITTEN = "Invalid prefix encountered"
+
 
 class StreamedText:
     """The text of one sequence's tokens so far, short of a character not spelt out yet."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from tokenizers.decoders import DecodeStream
-
         self._tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
         whole = backend is None or bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
         self._backend: Any = None if whole else backend
-        self._stream = None if whole else DecodeStream(skip_special_tokens=True)
+        self._stream: Any = None if whole else _decode_stream()
         self._decoded = 0  # tokens decoded into `text`
+        self._shown = 0  # tokens whose text is all in `text`
         self.text = ""
 
     def extend(self, tokens: Sequence[int]) -> str:
@@ -35,9 +43,27 @@ class StreamedText:
             text: str = self._tokenizer.decode(list(tokens), skip_special_tokens=True)
             self.text = text.rstrip("\ufffd")
         else:
-            for token in tokens[self._decoded :]:
-                piece = self._stream.step(self._backend, token)
+            index = self._decoded
+            while index < len(tokens):
+                try:
+                    piece = self._stream.step(self._backend, tokens[index])
+                except Exception as error:  # tokenizers raises Exception itself
+                    if REWRITTEN not in str(error):
+                        raise
+                    # Afresh from the first token not shown: a fresh stream has shown
+                    # nothing its next tokens could rewrite, so this ends.
+                    self._stream = _decode_stream()
+                    index = self._shown
+                    continue
+                index += 1
                 if piece:
                     self.text += piece
+                    self._shown = index
         self._decoded = len(tokens)
         return self.text
+
+
+def _decode_stream() -> Any:
+    from tokenizers.decoders import DecodeStream
+
+    return DecodeStream(skip_special_tokens=True)
