@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,15 @@ import torch
 from library.test_text_generation import prompt_item
 from library.tiny_lm import WORDS
 
+from carpool.contract import wire
 from carpool.contract.wire import Item
 from carpool_model_server.continuous import Piece, stop_tail
+from carpool_model_server.errors import DeviceFailed
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_generation import TextGenerationHandler
+from carpool_model_server.metrics import ModelMetrics
+from carpool_model_server.runner import Runner
+from carpool_model_server.service import ModelService
 
 # The loop's defaults, and steps of 16 tokens that split most prompts over several steps.
 STEPS = [{}, {"step_tokens": "16"}]
@@ -247,3 +252,37 @@ def test_step_options_are_checked(tiny_lm_path: Path, option: str, message: str)
     options = {"batching": "continuous", name: value}
     with pytest.raises(ValueError, match=re.escape(message)):
         TextGenerationHandler(HandlerSettings(tiny_lm_path, torch.float32, 16, options))
+
+
+async def test_a_loop_that_failed_refuses_the_next_requests_at_once(tiny_lm_path: Path) -> None:
+    """A step that raises (a device out of memory, logits with NaN to sample from) stops
+    transformers' loop for good: the streams in it fail, every later request is refused
+    with the loop's error, not dropped to wait forever, and the health probe fails."""
+    settings = HandlerSettings(tiny_lm_path, torch.float32, 16, {"batching": "continuous"})
+    handler = TextGenerationHandler(settings)
+    handler.load(torch.device("cpu"))
+    service = ModelService(
+        "lm", Runner(handler, torch.device("cpu"), ModelMetrics.create("lm"), 16)
+    )
+    service.ready = True
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    async def answer(prompt: str) -> list[tuple[int, bytes]]:
+        frames = service.stream_body(wire.encode_request([prompt_item(prompt, 5)]))
+        return await asyncio.wait_for(_all(frames), 10.0)
+
+    handler.model.forward = broken
+    try:
+        with pytest.raises(DeviceFailed, match="out of memory"):
+            await answer("a red house")
+        assert service.runner.failure is not None
+        with pytest.raises(DeviceFailed, match="generation loop stopped"):
+            await answer("the blue sky")
+    finally:
+        handler.close()
+
+
+async def _all(frames: AsyncIterator[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    return [frame async for frame in frames]

@@ -29,6 +29,7 @@ from typing import Any
 
 from carpool.contract import generation
 from carpool_model_server import row_choice
+from carpool_model_server.errors import DeviceFailed
 from carpool_model_server.handler_text_generation import Answer, Request, cut_at_stop, finish
 from carpool_model_server.streamed_text import StreamedText
 
@@ -177,21 +178,29 @@ class TokenLoop:
         outputs: asyncio.Queue[Any] = asyncio.Queue()
         request_id = f"carpool-{next(self._ids)}"
         self._manager.register_result_handler(request_id, outputs.put_nowait)
-        self._manager.add_request(
-            request.prompt_ids,
-            request_id,
-            max_new_tokens=request.max_new_tokens,
-            streaming=True,
-            eos_token_id=self.eos_id,
-            **row_choice.request_settings(request.temperature, request.seed, self._device),
-        )
         text = StreamedText(self.tokenizer)
         shown = ""
         finished = False  # by the loop: nothing to cancel
         try:
+            added = self._manager.add_request(
+                request.prompt_ids,
+                request_id,
+                max_new_tokens=request.max_new_tokens,
+                streaming=True,
+                eos_token_id=self.eos_id,
+                **row_choice.request_settings(request.temperature, request.seed, self._device),
+            )
+            if added is None:  # transformers drops a request once its loop stopped
+                error = self._manager.background_thread_status.fatal_error
+                cause = "" if error is None else f": {error!r}"  # recorded after the stop
+                raise DeviceFailed(f"the generation loop stopped{cause}")
             while True:
                 output = await outputs.get()
                 if output.error is not None:
+                    if self._manager.background_thread_status.can_accept_new_requests():
+                        # A step raised (the device out of memory, say): transformers'
+                        # loop stops for good, failing every sequence it holds.
+                        raise DeviceFailed(f"the generation loop stopped: {output.error}")
                     raise RuntimeError(f"generation failed: {output.error}")
                 finished = output.is_finished()
                 tokens: list[int] = output.generated_tokens

@@ -12,7 +12,7 @@ from typing import Any
 from carpool.contract import wire
 from carpool.contract.metadata import ModelMetadata
 from carpool.contract.wire import BatchTiming, Item
-from carpool_model_server.errors import BadRequest, NotReady
+from carpool_model_server.errors import BadRequest, DeviceFailed, NotReady
 from carpool_model_server.runner import Measured, Runner
 from carpool_model_server.streaming import GenerationMetrics, StreamsTokens, answer
 
@@ -84,8 +84,15 @@ class ModelService:
     async def stream_body(self, body: bytes) -> AsyncIterator[tuple[int, bytes]]:
         """The frames (code, payload) answering one stream frame (`streaming.answer`)."""
         with self._busy():
-            async for frame in answer(self.runner.handler, body, self.infer_body, self.generation):
-                yield frame
+            try:
+                async for frame in answer(
+                    self.runner.handler, body, self.infer_body, self.generation
+                ):
+                    yield frame
+            except DeviceFailed as error:
+                # The token loop stopped for good: the health probe asks for a restart.
+                self.runner.failure = self.runner.failure or str(error)
+                raise
 
     def close(self) -> None:
         """Let the batch in flight finish, then stop the worker and any token loop."""
