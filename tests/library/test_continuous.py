@@ -18,7 +18,7 @@ from library.tiny_lm import WORDS
 from carpool.contract import wire
 from carpool.contract.wire import Item
 from carpool_model_server.continuous import Piece, stop_tail
-from carpool_model_server.errors import DeviceFailed
+from carpool_model_server.errors import DeviceFailed, InvalidItem
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_generation import TextGenerationHandler
 from carpool_model_server.metrics import ModelMetrics
@@ -280,6 +280,21 @@ async def test_a_loop_that_failed_refuses_the_next_requests_at_once(tiny_lm_path
         assert service.runner.failure is not None
         with pytest.raises(DeviceFailed, match="generation loop stopped"):
             await answer("the blue sky")
+    finally:
+        handler.close()
+
+
+async def test_a_sequence_longer_than_the_cache_is_refused(tiny_lm_path: Path) -> None:
+    """A cache smaller than the model's context (`cache_tokens`): a request that could not
+    fit in it even alone is refused, and the loop serves the next one."""
+    options = {"batching": "continuous", "cache_tokens": "64"}
+    handler = TextGenerationHandler(HandlerSettings(tiny_lm_path, torch.float32, 4, options))
+    handler.load(torch.device("cpu"))
+    try:
+        with pytest.raises(InvalidItem, match="KV cache of 64 tokens"):
+            handler.stream(prompt_item("a red house by the river", 59))
+        pieces = await asyncio.wait_for(stream(handler, prompt_item("a red house", 58)), 10.0)
+        assert pieces[-1].answer is not None
     finally:
         handler.close()
 

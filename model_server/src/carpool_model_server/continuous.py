@@ -157,6 +157,12 @@ class TokenLoop:
                 return
         raise RuntimeError(f"the generation loop gave no answer in {WARMUP_SECONDS:.0f} s")
 
+    def sequence_tokens(self) -> int:
+        """The most tokens one sequence may hold: the paged cache's, all of it. A sequence
+        longer than the cache stops transformers' loop for every sequence ("no requests
+        can be scheduled and no requests can be offloaded")."""
+        return int(self._manager.batch_processor.cache.max_tokens_read)
+
     def state(self) -> LoopState:
         processor = self._manager.batch_processor
         if processor is None:  # before the loop's first step

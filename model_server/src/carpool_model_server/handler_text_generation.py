@@ -213,7 +213,16 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         """The item's answer as it is generated, through the token loop; None without a
         loop (the static way). InvalidItem for an item it refuses."""
         request = self._request(item)
-        return None if self.loop is None else self.loop.generate(request)
+        if self.loop is None:
+            return None
+        tokens = len(request.prompt_ids) + request.max_new_tokens
+        if tokens > self.loop.sequence_tokens():
+            raise InvalidItem(
+                f"prompt of {len(request.prompt_ids)} tokens plus {request.max_new_tokens} "
+                f"new tokens exceeds the generation loop's KV cache of "
+                f"{self.loop.sequence_tokens()} tokens (cache_tokens)"
+            )
+        return self.loop.generate(request)
 
     def loop_state(self) -> LoopState | None:
         return None if self.loop is None else self.loop.state()
