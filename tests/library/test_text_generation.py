@@ -133,6 +133,19 @@ def test_each_row_stops_at_its_own_limit_and_stop_string(handler: TextGeneration
     assert full == free
 
 
+def test_a_stop_string_is_looked_for_in_the_answer_as_shown(
+    handler: TextGenerationHandler,
+) -> None:
+    """Special tokens are not in an answer's text: one the model generates ("<unk>" first,
+    for this prompt) does not end it at a stop string its spelling holds."""
+    prompt = "big tree evening queue cat token"
+    free, held = (
+        generate(handler, [prompt_item(prompt, max_new_tokens=10, stop=stop)])[0]
+        for stop in ([], ["<", "unk"])
+    )
+    assert held == free and isinstance(free, str) and len(free.split()) == 8
+
+
 def test_each_answer_says_why_it_ended_and_counts_its_tokens(
     handler: TextGenerationHandler,
 ) -> None:
@@ -240,9 +253,9 @@ def test_looking_for_stop_strings_costs_the_same_at_every_step(
     decoded: list[int] = []
 
     class Counting:
-        def decode(self, ids: list[int]) -> str:
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
             decoded.append(len(ids))
-            return str(handler.tokenizer.decode(ids))
+            return str(handler.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
 
     row = Request([1], 5000, 0.0, ("never said",))
     stopping = _RowStop([row], 1, Counting(), torch.device("cpu"))

@@ -399,7 +399,8 @@ class _RowStop:
         for row, request in enumerate(self.requests):
             if request.stop and not done[row]:
                 start = max(self.width, input_ids.shape[1] - _STOP_WINDOW)
-                text = self.tokenizer.decode(input_ids[row, start:].tolist())
+                ids = input_ids[row, start:].tolist()
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as `finish`
                 done[row] = any(stop in text for stop in request.stop)
         return done
 
