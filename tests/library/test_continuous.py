@@ -240,6 +240,40 @@ async def test_closing_a_stream_frees_its_sequence(handler: TextGenerationHandle
     assert (state.running, state.waiting, state.cache_used) == (0, 0, 0)
 
 
+async def test_the_last_tokens_of_closed_streams_are_not_kept(
+    handler: TextGenerationHandler,
+) -> None:
+    """The step running as streams close makes their next tokens all the same: with no
+    one to take them, transformers queues them for `get_result`, which nothing calls, so
+    every stream a caller left could leave tokens behind for good."""
+    assert handler.loop is not None
+    manager = handler.loop._manager
+    scheduler = manager.batch_processor.scheduler
+    entered, gate = threading.Event(), threading.Event()
+    schedule = scheduler.schedule_batch
+
+    def gated(token_budget: int, cache_budget: int) -> Any:
+        entered.set()
+        gate.wait(10.0)  # the step goes on once the streams are closed
+        return schedule(token_budget, cache_budget)
+
+    streams = [handler.stream(prompt_item(p, 100)) for p, _ in mixed(4, seed=8)]
+    try:
+        for pieces in streams:
+            assert pieces is not None
+            await anext(pieces)
+        scheduler.schedule_batch = gated
+        assert await asyncio.to_thread(entered.wait, 10.0)
+        for pieces in streams:
+            assert pieces is not None
+            await pieces.aclose()
+    finally:
+        gate.set()
+        del scheduler.schedule_batch  # the class's own again
+    await stream(handler, prompt_item("a red house", 3))
+    assert manager.output_router.output_queue.qsize() == 0
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [

@@ -18,9 +18,11 @@ beside it and whenever it arrives, the tokens the static way draws for that seed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections.abc import AsyncGenerator
@@ -223,8 +225,14 @@ class TokenLoop:
                 self._manager.cancel_request(request_id)
             # Its handler would otherwise stay registered: a cancelled request gets no
             # finished output that would remove it.
-            with self._manager.output_router._lock:
-                self._manager.output_router.result_handlers.pop(request_id, None)
+            router = self._manager.output_router
+            with router._lock:
+                router.result_handlers.pop(request_id, None)
+            # Tokens of a step that ran as a stream closed come with no handler to take
+            # them: transformers queues them for `get_result`, which only the warm-up calls.
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    router.output_queue.get_nowait()
 
     def _answer(self, tokens: list[int], text: str, request: Request, done: bool) -> Answer | None:
         """The whole answer once the sequence ended or a stop string cut its `text` (that
