@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,40 @@ def test_a_stop_string_is_looked_for_in_the_answer_as_shown(
         for stop in ([], ["<", "unk"])
     )
     assert held == free and isinstance(free, str) and len(free.split()) == 8
+
+
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+async def test_an_answer_ends_at_any_end_of_sequence_token_the_model_names(
+    handler: TextGenerationHandler, tiny_lm_path: Path, tmp_path: Path, batching: str
+) -> None:
+    """A model's generation config may name several end-of-sequence tokens (Llama 3's
+    end of turn beside its end of text, Qwen's): its own `generate` stops at any of them."""
+    from transformers import GenerationConfig
+
+    prompt = "the dog ran far away"
+    words = str(generate(handler, [prompt_item(prompt, max_new_tokens=30)])[0]).split()
+    end = handler.tokenizer.convert_tokens_to_ids(words[3])
+    folder = shutil.copytree(tiny_lm_path, tmp_path / "lm")
+    GenerationConfig(eos_token_id=[0, end]).save_pretrained(folder)
+    options = {"batching": batching}
+    loaded = TextGenerationHandler(HandlerSettings(folder, torch.float32, 4, options))
+    loaded.load(torch.device("cpu"))
+    try:
+        item = prompt_item(prompt, max_new_tokens=30)
+        if loaded.loop is None:
+            with torch.inference_mode():
+                prepared = loaded.preprocess([item])
+                assert prepared.batch is not None
+                (answer,) = loaded.infer(prepared.batch)
+        else:
+            pieces = loaded.stream(item)
+            assert pieces is not None
+            answer = [piece async for piece in pieces][-1].answer
+    finally:
+        loaded.close()
+    assert answer is not None
+    assert answer.text == " ".join(words[: words.index(words[3])])
+    assert answer.finish_reason == "eos_token"
 
 
 def test_each_answer_says_why_it_ended_and_counts_its_tokens(

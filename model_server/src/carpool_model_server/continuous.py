@@ -101,7 +101,7 @@ class TokenLoop:
         self,
         model: Any,
         tokenizer: Any,
-        eos_id: int | None,
+        eos_ids: list[int],
         pad_id: int,
         max_sequences: int,
         cache_tokens: int,
@@ -114,9 +114,9 @@ class TokenLoop:
         prefill_alone.register()
 
         self.tokenizer = tokenizer
-        self.eos_id = eos_id
+        self.eos_ids = eos_ids
         config = GenerationConfig(  # type: ignore[no-untyped-call]
-            do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id, max_new_tokens=1
+            do_sample=False, eos_token_id=eos_ids or None, pad_token_id=pad_id, max_new_tokens=1
         )
         # Sized here, not from the free memory of the device (its default): on CPU that
         # takes a share of the whole host's memory and tens of seconds to set up.
@@ -195,7 +195,7 @@ class TokenLoop:
                 request_id,
                 max_new_tokens=request.max_new_tokens,
                 streaming=True,
-                eos_token_id=self.eos_id,
+                eos_token_id=self.eos_ids,
                 **row_choice.request_settings(request.temperature, request.seed, self._device),
             )
             if added is None:  # transformers drops a request once its loop stopped
@@ -238,7 +238,7 @@ class TokenLoop:
         """The whole answer once the sequence ended or a stop string cut its `text` (that
         of `tokens` so far), else None."""
         if done or cut_at_stop(text, request.stop) != text:
-            answer = finish(self.tokenizer, self.eos_id, list(tokens), request)
+            answer = finish(self.tokenizer, self.eos_ids, list(tokens), request)
             if done or answer.finish_reason == generation.STOP_SEQUENCE:
                 return answer
         return None

@@ -185,6 +185,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         self.model: Any = model.to(device=device, dtype=self.settings.dtype).eval()
         self.eos_id: int | None = self.tokenizer.eos_token_id
+        self.eos_ids = end_tokens(self.eos_id, model.generation_config)
         pad_id = self.tokenizer.pad_token_id
         # GPT-2 style tokenizers have no pad token; padded slots are masked out anyway.
         self.pad_id: int = pad_id if pad_id is not None else (self.eos_id or 0)
@@ -200,7 +201,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         self.loop = TokenLoop(
             self.model,
             self.tokenizer,
-            self.eos_id,
+            self.eos_ids,
             self.pad_id,
             max_sequences=self.settings.max_batch_size,
             cache_tokens=self.cache_tokens or CACHE_SEQUENCES * min(self.context, 1 << 16),
@@ -318,7 +319,7 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
             max_new_tokens=max(request.max_new_tokens for request in requests),
             do_sample=False,
             pad_token_id=self.pad_id,
-            eos_token_id=self.eos_id,
+            eos_token_id=self.eos_ids or None,
         )
         processors = LogitsProcessorList()
         if any(request.temperature > 0 for request in requests):
@@ -339,18 +340,28 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
     def _finish(self, new_ids: list[int], request: Request) -> Answer:
         """The row's answer: its own token limit, end of sequence and first stop string
         applied, and which of them ended it."""
-        return finish(self.tokenizer, self.eos_id, new_ids, request)
+        return finish(self.tokenizer, self.eos_ids, new_ids, request)
 
 
-def finish(tokenizer: Any, eos_id: int | None, new_ids: list[int], request: Request) -> Answer:
+def end_tokens(tokenizer_eos: int | None, config: Any) -> list[int]:
+    """The tokens that end an answer: the tokenizer's end of sequence and those the model's
+    generation config names, as the model's own `generate` stops at them (several, for
+    Llama 3 and Qwen: the end of a turn beside the end of the text)."""
+    named = getattr(config, "eos_token_id", None)
+    ids = [tokenizer_eos, *(named if isinstance(named, list) else [named])]
+    return list(dict.fromkeys(int(each) for each in ids if each is not None))
+
+
+def finish(tokenizer: Any, eos_ids: list[int], new_ids: list[int], request: Request) -> Answer:
     """A prompt's answer from the tokens generated for it, however many past its end: its
     token limit, end of sequence and first stop string applied, and which of them ended it.
     A stop string ends the answer before the limit does; the end-of-sequence token is not
     counted in, nor shown."""
     new_ids = new_ids[: request.max_new_tokens]
     reason = generation.LENGTH
-    if eos_id is not None and eos_id in new_ids:
-        new_ids, reason = new_ids[: new_ids.index(eos_id)], generation.EOS_TOKEN
+    ends = [new_ids.index(each) for each in eos_ids if each in new_ids]
+    if ends:
+        new_ids, reason = new_ids[: min(ends)], generation.EOS_TOKEN
     text: str = tokenizer.decode(new_ids, skip_special_tokens=True)
     cut = cut_at_stop(text, request.stop)
     if len(cut) < len(text):
