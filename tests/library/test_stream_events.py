@@ -98,3 +98,18 @@ async def test_a_server_that_dies_or_garbles_its_stream_raises_stream_error(
             async for _ in carpool.generate_stream(http, url, "m", "the cat sat"):
                 pass
     assert broken.value.status == 200
+
+
+async def test_an_answer_that_is_no_event_stream_raises_stream_error() -> None:
+    """A server that answers the route with a plain body (a generate answer, a page): no
+    events to read, which is no empty answer."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"text_output": "".join(PIECES)})
+
+    app = web.Application()
+    app.router.add_post("/v2/models/m/generate_stream", handler)
+    async with serving(app) as url, aiohttp.ClientSession() as http:
+        with pytest.raises(carpool.StreamError, match="application/json, not an event stream"):
+            async for _ in carpool.generate_stream(http, url, "m", "the cat sat"):
+                pass

@@ -19,6 +19,7 @@ import orjson
 # Of an error's body, read at most this much.
 MAX_ERROR_BYTES = 1 << 16
 _DATA = b"data:"
+EVENT_STREAM = "text/event-stream"
 
 
 class StreamError(Exception):
@@ -61,6 +62,10 @@ async def generate_stream(
     async with session.post(target, data=body) as reply:
         if reply.status != 200:
             raise StreamError(_error_of(await reply.content.read(MAX_ERROR_BYTES)), reply.status)
+        if reply.content_type != EVENT_STREAM:  # no events to read: no empty answer either
+            head = (await reply.content.read(300)).decode(errors="replace")
+            message = f"the server answered {reply.content_type}, not an event stream: {head}"
+            raise StreamError(message, reply.status)
         async for line in _lines(reply):
             if not line.startswith(_DATA):
                 continue  # the blank line between events, or a comment
