@@ -14,7 +14,7 @@ from library.test_continuous import generate_alone, mixed, stream
 from library.test_text_generation import prompt_item
 
 from carpool.contract.wire import Item
-from carpool_model_server import row_choice
+from carpool_model_server import row_choice, sampling
 from carpool_model_server.handler import HandlerSettings
 from carpool_model_server.handler_text_generation import Answer, TextGenerationHandler
 
@@ -185,3 +185,15 @@ async def test_a_batch_sent_whole_gets_its_own_text_while_the_loop_is_busy(
     await asyncio.gather(*busy)
     assert beside_the_loop == quiet
     assert quiet[1] == static_answer(tiny_lm_path, sampled(3)).text
+
+
+def test_a_sampled_row_with_scores_past_float_takes_its_argmax_and_raises_nothing() -> None:
+    """Logits that overflowed (a half-precision model) leave a sampled row no distribution
+    to draw from: it takes its argmax, as a greedy row does, rather than raise in the
+    loop's step, which would stop the loop for every sequence in it."""
+    cpu = torch.device("cpu")
+    scores = torch.tensor([[0.0, 1.0, 2.0], [float("nan"), 1.0, 0.0], [0.0, float("inf"), 1.0]])
+    generators = {row: sampling.generator(7, cpu) for row in range(3)}
+    chosen = sampling.choose(scores, torch.tensor([1.0, 1.0, 1.0]), generators)
+    drawn = torch.multinomial(scores[0].softmax(-1), 1, generator=sampling.generator(7, cpu))
+    assert chosen.flatten().tolist() == [int(drawn), 0, 1]

@@ -32,8 +32,12 @@ def choose(
     divisor = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures))
     probabilities = torch.softmax((logits - top) / divisor.unsqueeze(1), dim=-1)
     chosen = scores.argmax(dim=-1, keepdim=True)
+    # Scores past float (NaN, infinite) leave no distribution: such a row keeps its argmax,
+    # as multinomial would raise, in the token loop's step for every sequence of it.
+    drawable = torch.isfinite(probabilities).all(dim=-1).tolist() if generators else []
     for row, drawing in generators.items():
-        chosen[row] = torch.multinomial(probabilities[row], 1, generator=drawing)
+        if drawable[row]:
+            chosen[row] = torch.multinomial(probabilities[row], 1, generator=drawing)
     return chosen
 
 
