@@ -18,6 +18,7 @@ from carpool.engine.bounds import UNBOUNDED, RequestBounds
 from carpool.engine.errors import BadRequest, PayloadTooLarge
 from carpool.engine.settings import BatchingSettings, ConfigError, apply_file
 from carpool_sidecar import counting, kserve_v1, oip_generate
+from carpool_sidecar.generation import GenerateRequest
 from carpool_sidecar.inference import InferResponse
 from carpool_sidecar.oip import HEADER_LENGTH, encode_response, parse_request
 from carpool_sidecar.tensors import (
@@ -507,3 +508,11 @@ def test_a_setting_given_as_null_beside_the_text_leaves_the_parameters_its_own(
     'max_tokens' only".)"""
     parsed = oip_generate.parse_request(body, GENERATES)
     assert parsed.max_tokens == 3 and parsed.deprecations == ()
+
+
+def test_every_parameter_given_as_null_is_left_to_its_default() -> None:
+    """A client that writes each parameter it leaves unset as null (many do) is answered
+    with the defaults, not a 400 for the one parameter that took null for a value."""
+    names = ["max_tokens", "temperature", "seed", "stop", "priority", "timeout"]
+    body = orjson.dumps({"text_input": "a", "parameters": dict.fromkeys(names)})
+    assert oip_generate.parse_request(body, GENERATES) == GenerateRequest("a")

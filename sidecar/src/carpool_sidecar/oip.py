@@ -275,7 +275,9 @@ def _flag(parameters: dict[str, Any], key: str) -> bool:
 
 
 def integer_parameter(parameters: dict[str, Any], key: str, default: int) -> int:
-    value = parameters.get(key, default)
+    value = parameters.get(key)
+    if value is None:  # null: not given, as for every other parameter
+        return default
     if not isinstance(value, int) or isinstance(value, bool):
         raise BadRequest(f"parameter {key!r} must be an integer, got {value!r}")
     return value
