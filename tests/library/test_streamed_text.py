@@ -113,3 +113,32 @@ def test_bytes_that_turn_out_no_character_do_not_break_the_stream() -> None:
     for _ in range(200):  # any tokens: each text the last one and more
         texts = texts_as_tokens_come(tokenizer, [rng.randrange(len(pieces)) for _ in range(12)])
         assert all(after.startswith(before) for before, after in itertools.pairwise(texts))
+
+
+def test_a_byte_level_tokenizer_that_asks_for_clean_up_streams_token_by_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformers cleans up no byte-level BPE's text (it would strip real spaces), though
+    its config may ask (Llama 3's does): such text is decoded token by token, not whole
+    again at every token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=280, special_tokens=["<eos>"])
+    core.train_from_iterator(["the sky . do n't", "the sun ."], trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<eos>", clean_up_tokenization_spaces=True
+    )
+    ids = tokenizer("the sky . do n't")["input_ids"]
+    decoded: list[int] = []
+    decode = tokenizer.decode
+
+    def counting(token_ids: list[int], **kwargs: Any) -> str:
+        decoded.append(len(token_ids))
+        return str(decode(token_ids, **kwargs))
+
+    monkeypatch.setattr(tokenizer, "decode", counting)
+    assert texts_as_tokens_come(tokenizer, ids)[-1] == decode(ids) == "the sky . do n't"
+    assert decoded == []

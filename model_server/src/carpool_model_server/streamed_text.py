@@ -5,8 +5,8 @@ token loop's event loop thread, for every running sequence, while the step besid
 the same interpreter. A tokenizer with a `tokenizers` backend decodes each new token once,
 with that library's `DecodeStream` (which holds a character still being spelt out), and
 gives the same text as decoding all the tokens at once. A tokenizer without one, or one
-that rewrites spaces after decoding (`clean_up_tokenization_spaces`), decodes the whole
-answer every time, as before.
+that rewrites spaces after decoding (`clean_up_tokenization_spaces`, which transformers
+applies to no BPE's text), decodes the whole answer every time, as before.
 
 A run of byte tokens (byte fallback, as Llama's tokenizer spells rare characters) that
 turns out to be no UTF-8 decodes as one U+FFFD per byte, rewriting a character the stream
@@ -30,7 +30,7 @@ class StreamedText:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        whole = backend is None or bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+        whole = backend is None or _cleans_up(tokenizer)
         self._backend: Any = None if whole else backend
         self._stream: Any = None if whole else _decode_stream()
         self._decoded = 0  # tokens decoded into `text`
@@ -61,6 +61,19 @@ class StreamedText:
                     self._shown = index
         self._decoded = len(tokens)
         return self.text
+
+
+def _cleans_up(tokenizer: Any) -> bool:
+    """Whether the tokenizer's `decode` rewrites spaces after decoding: transformers does
+    where the tokenizer's config asks, but for a BPE one (byte-level: it would strip real
+    spaces) unless forced; an older transformers cleans up BPE's text too."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    forced = getattr(
+        tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", None
+    )
+    bpe = type(tokenizer.backend_tokenizer.model).__name__ == "BPE"
+    return not bpe or forced is not False
 
 
 def _decode_stream() -> Any:
