@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ import pytest
 import torch
 from library.test_text_generation import prompt_item
 from library.tiny_lm import WORDS
+from prometheus_client import CollectorRegistry
 
 from carpool.contract import wire
 from carpool.contract.wire import Item
+from carpool_model_server import streaming
 from carpool_model_server.continuous import Piece, stop_tail
 from carpool_model_server.errors import DeviceFailed, InvalidItem
 from carpool_model_server.handler import HandlerSettings
@@ -24,6 +27,7 @@ from carpool_model_server.handler_text_generation import TextGenerationHandler
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner
 from carpool_model_server.service import ModelService
+from carpool_model_server.streaming import GenerationMetrics
 
 # The loop's defaults, and steps of 16 tokens that split most prompts over several steps.
 STEPS = [{}, {"step_tokens": "16"}]
@@ -272,6 +276,32 @@ async def test_the_last_tokens_of_closed_streams_are_not_kept(
         del scheduler.schedule_batch  # the class's own again
     await stream(handler, prompt_item("a red house", 3))
     assert manager.output_router.output_queue.qsize() == 0
+
+
+async def test_time_to_first_token_counts_from_the_frames_arrival(
+    handler: TextGenerationHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenizing the prompt is part of a stream's wait for its first token (a long one
+    takes a while): the histogram counts from the frame's arrival, as it says."""
+    stream_of = handler.stream
+
+    def slow_to_tokenize(item: Item) -> Any:
+        time.sleep(0.3)
+        return stream_of(item)
+
+    async def unused(body: bytes) -> bytes:
+        raise AssertionError("the stream runs as a batch")
+
+    monkeypatch.setattr(handler, "stream", slow_to_tokenize)
+    registry = CollectorRegistry()
+    metrics = GenerationMetrics.create(registry, "lm", handler.loop_state)
+    body = wire.encode_request([prompt_item("a red house", 3)])
+    frames = [frame async for frame in streaming.answer(handler, body, unused, metrics)]
+    assert frames[-1][0] == 200
+    waited = registry.get_sample_value(
+        "carpool_model_time_to_first_token_seconds_sum", {"model": "lm"}
+    )
+    assert waited is not None and waited >= 0.3
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,8 @@ async def answer(
         raise BadRequest(f"invalid stream body: {error}") from error
     if len(items) != 1:
         raise BadRequest(f"a stream frame holds one item, this one {len(items)}")
+    loop = asyncio.get_running_loop()
+    arrived = loop.time()  # the first token's wait includes tokenizing the prompt
     pieces = None
     if isinstance(handler, StreamsTokens):
         try:
@@ -150,8 +152,7 @@ async def answer(
     # Labelled once a stream, not at every piece.
     first_token = metrics.first_token.labels(metrics.model)
     token_gap = metrics.token_gap.labels(metrics.model)
-    loop = asyncio.get_running_loop()
-    last = loop.time()
+    last = arrived
     first = True
     done = False
     try:
