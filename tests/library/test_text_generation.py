@@ -181,6 +181,34 @@ async def test_an_answer_ends_at_any_end_of_sequence_token_the_model_names(
     assert answer.finish_reason == "eos_token"
 
 
+def test_a_row_a_stop_string_ended_counts_its_tokens_not_the_padding_after(
+    handler: TextGenerationHandler, tiny_lm_path: Path, tmp_path: Path
+) -> None:
+    """With a pad token of its own (not its end of sequence), a row that a stop string
+    ended is padded while the rest of its batch goes on: the padding is not its tokens."""
+    from transformers import AutoTokenizer
+
+    folder = shutil.copytree(tiny_lm_path, tmp_path / "lm")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.pad_token = "<unk>"
+    tokenizer.save_pretrained(folder)
+    padded = TextGenerationHandler(HandlerSettings(folder, torch.float32, 4))
+    padded.load(torch.device("cpu"))
+    prompt = "the dog ran far away"
+    stop = [str(generate(handler, [prompt_item(prompt, max_new_tokens=30)])[0]).split()[4]]
+    ended = prompt_item(prompt, max_new_tokens=30, stop=stop)
+    longer = "carpool rain answer rug queue cat sun"  # in the same bucket, 30 tokens long
+    counts = []
+    for items in ([ended], [ended, prompt_item(longer, max_new_tokens=30)]):
+        with torch.inference_mode():
+            prepared = padded.preprocess(items)
+            assert prepared.batch is not None
+            answer = padded.infer(prepared.batch)[0]
+        assert answer.finish_reason == "stop_sequence"
+        counts.append(answer.generated_tokens)
+    assert counts == [5, 5]
+
+
 def test_each_answer_says_why_it_ended_and_counts_its_tokens(
     handler: TextGenerationHandler,
 ) -> None:

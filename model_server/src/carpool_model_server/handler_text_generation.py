@@ -324,7 +324,8 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
         processors = LogitsProcessorList()
         if any(request.temperature > 0 for request in requests):
             processors.append(_RowSampling(requests, self.device))
-        stopping = StoppingCriteriaList([_RowStop(requests, width, self.tokenizer, self.device)])
+        row_stop = _RowStop(requests, width, self.tokenizer, self.device)
+        stopping = StoppingCriteriaList([row_stop])
         output = self.model.generate(
             input_ids=bucket.input_ids,
             attention_mask=bucket.attention_mask,
@@ -333,8 +334,9 @@ class TextGenerationHandler(Handler[Prompts, list[Answer]]):
             stopping_criteria=stopping,
         )
         return [
-            self._finish(row_ids[width:].tolist(), request)
-            for row_ids, request in zip(output, requests, strict=True)
+            # A row its stop string ended gets padding while the others go on: not its own.
+            self._finish(row_ids[width : width + row_stop.ended[row]].tolist(), request)
+            for row, (row_ids, request) in enumerate(zip(output, requests, strict=True))
         ]
 
     def _finish(self, new_ids: list[int], request: Request) -> Answer:
@@ -404,15 +406,20 @@ class _RowStop:
         self.width = width
         self.tokenizer = tokenizer
         self.limits = torch.tensor([r.max_new_tokens for r in requests], device=device)
+        # Each row's tokens when a stop string ended it (its limit, else).
+        self.ended = [r.max_new_tokens for r in requests]
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **_: Any) -> torch.Tensor:
-        done = (input_ids.shape[1] - self.width) >= self.limits
+        generated = input_ids.shape[1] - self.width
+        done = generated >= self.limits
         for row, request in enumerate(self.requests):
             if request.stop and not done[row]:
                 start = max(self.width, input_ids.shape[1] - _STOP_WINDOW)
                 ids = input_ids[row, start:].tolist()
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as `finish`
                 done[row] = any(stop in text for stop in request.stop)
+                if done[row]:
+                    self.ended[row] = min(self.ended[row], generated)
         return done
 
 
