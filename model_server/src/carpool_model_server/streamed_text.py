@@ -6,7 +6,8 @@ the same interpreter. A tokenizer with a `tokenizers` backend decodes each new t
 with that library's `DecodeStream` (which holds a character still being spelt out), and
 gives the same text as decoding all the tokens at once. A tokenizer without one, or one
 that rewrites spaces after decoding (`clean_up_tokenization_spaces`, which transformers
-applies to no BPE's text), decodes the whole answer every time, as before.
+applies to no BPE's text), decodes the whole answer every time, holding a space near its
+end that the clean-up may still take away ("sky '" before "s" is "sky's").
 
 A run of byte tokens (byte fallback, as Llama's tokenizer spells rare characters) that
 turns out to be no UTF-8 decodes as one U+FFFD per byte, rewriting a character the stream
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+# transformers' clean-up patterns are a space and at most 3 characters (" n't").
+CLEAN_UP_REACH = 3
 # How `DecodeStream.step` says that a token rewrote text it gave before.
 REWRITTEN = "Invalid prefix encountered"
 
@@ -30,7 +33,8 @@ class StreamedText:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        whole = backend is None or _cleans_up(tokenizer)
+        self._cleans = _cleans_up(tokenizer)
+        whole = backend is None or self._cleans
         self._backend: Any = None if whole else backend
         self._stream: Any = None if whole else _decode_stream()
         self._decoded = 0  # tokens decoded into `text`
@@ -41,7 +45,11 @@ class StreamedText:
         """The text of `tokens` (the same sequence's, one or more longer than last time)."""
         if self._stream is None:
             text: str = self._tokenizer.decode(list(tokens), skip_special_tokens=True)
-            self.text = text.rstrip("\ufffd")
+            text = text.rstrip("\ufffd")
+            # The clean-up takes away a space before what may still follow (" 's", " n't",
+            # " ' "): a space among the last CLEAN_UP_REACH characters is held.
+            held = text.rfind(" ", max(len(text) - CLEAN_UP_REACH, 0)) if self._cleans else -1
+            self.text = text if held < 0 else text[:held]
         else:
             index = self._decoded
             while index < len(tokens):
@@ -72,7 +80,8 @@ def _cleans_up(tokenizer: Any) -> bool:
     forced = getattr(
         tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", None
     )
-    bpe = type(tokenizer.backend_tokenizer.model).__name__ == "BPE"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    bpe = backend is not None and type(backend.model).__name__ == "BPE"
     return not bpe or forced is not False
 
 
