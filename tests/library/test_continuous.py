@@ -321,7 +321,8 @@ def test_step_options_are_checked(tiny_lm_path: Path, option: str, message: str)
 async def test_a_loop_that_failed_refuses_the_next_requests_at_once(tiny_lm_path: Path) -> None:
     """A step that raises (a device out of memory, logits with NaN to sample from) stops
     transformers' loop for good: the streams in it fail, every later request is refused
-    with the loop's error, not dropped to wait forever, and the health probe fails."""
+    with the loop's error, not dropped to wait forever, and the health probe fails; the
+    streams count as failed, not as cancelled by their callers."""
     settings = HandlerSettings(tiny_lm_path, torch.float32, 16, {"batching": "continuous"})
     handler = TextGenerationHandler(settings)
     handler.load(torch.device("cpu"))
@@ -344,6 +345,10 @@ async def test_a_loop_that_failed_refuses_the_next_requests_at_once(tiny_lm_path
         assert service.runner.failure is not None
         with pytest.raises(DeviceFailed, match="generation loop stopped"):
             await answer("the blue sky")
+        registry = service.runner.metrics.registry
+        for outcome, count in (("failed", 2), ("cancelled", 0)):
+            labels = {"model": "lm", "outcome": outcome}
+            assert registry.get_sample_value("carpool_model_streams_total", labels) == count
     finally:
         handler.close()
 

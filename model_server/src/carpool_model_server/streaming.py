@@ -105,14 +105,14 @@ class GenerationMetrics:
             ),
             Counter(
                 "carpool_model_streams",
-                "Stream frames answered, by how they ended: done or cancelled.",
+                "Stream frames answered, by how they ended: done, cancelled or failed.",
                 [*labels, "outcome"],
                 registry=registry,
             ),
         )
         for metric in (created.first_token, created.token_gap, created.tokens):
             metric.labels(model)
-        for outcome in ("done", "cancelled"):
+        for outcome in ("done", "cancelled", "failed"):
             created.streams.labels(model, outcome)
         return created
 
@@ -154,7 +154,7 @@ async def answer(
     token_gap = metrics.token_gap.labels(metrics.model)
     last = arrived
     first = True
-    done = False
+    outcome = "cancelled"  # unless it ends otherwise: the caller left
     try:
         async for piece in pieces:
             now = loop.time()
@@ -162,13 +162,16 @@ async def answer(
             first, last = False, now
             if piece.answer is not None:
                 metrics.tokens.labels(metrics.model).inc(piece.answer.generated_tokens)
-                done = True
+                outcome = "done"
                 if piece.text:
                     yield frames.PART, part(piece.text)
                 outputs = ItemResult(outputs=piece.answer.outputs())
                 yield frames.OK, wire.encode_response([outputs])
                 return
             yield frames.PART, part(piece.text)
+    except Exception:
+        outcome = "failed"
+        raise
     finally:
         await pieces.aclose()
-        metrics.streams.labels(metrics.model, "done" if done else "cancelled").inc()
+        metrics.streams.labels(metrics.model, outcome).inc()
