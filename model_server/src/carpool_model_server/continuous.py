@@ -205,7 +205,9 @@ class TokenLoop:
             while True:
                 output = await outputs.get()
                 if output.error is not None:
-                    if self._manager.background_thread_status.can_accept_new_requests():
+                    # The reason transformers' loop takes no more requests, if it does not.
+                    stopped = self._manager.background_thread_status.can_accept_new_requests()
+                    if stopped is not None:
                         # A step raised (the device out of memory, say): transformers'
                         # loop stops for good, failing every sequence it holds.
                         raise DeviceFailed(f"the generation loop stopped: {output.error}")

@@ -63,11 +63,9 @@ class AnswerSending:
         self._done.clear()
         try:
             await response.prepare(request)
-            if length <= SMALL_BYTES and transport.get_write_buffer_size() <= SMALL_BYTES:
-                # Into a buffer this empty, an answer this small leaves the transport under
-                # its high-water mark (64 KiB in asyncio and uvloop): no write waits for
-                # the reader, so none needs a timer. Sent with the headers and the end in
-                # one call (joining one part of bytes copies nothing).
+            if _unhindered(transport, length):
+                # Sent with the headers and the end in one call (joining one part of bytes
+                # copies nothing).
                 await response.write_eof(b"".join(parts))
                 return response
             sent = 0
@@ -92,11 +90,7 @@ class AnswerSending:
         `send`'s does: a caller who stops reading a stream does not hold it open."""
         transport = request.transport
         write = response.write(data)
-        if (
-            transport is None  # the caller left: the write says so
-            or (len(data) <= SMALL_BYTES and transport.get_write_buffer_size() <= SMALL_BYTES)
-        ):
-            # Under the transport's high-water mark (see `send`): the write waits for nobody.
+        if transport is None or _unhindered(transport, len(data)):  # None: the write says so
             await write
             return
         await self._timed(write, transport, sent)
@@ -119,3 +113,9 @@ class AnswerSending:
             raise BodyTimeout(
                 f"the answer was not read for {self._idle_s:g} s after {sent} bytes"
             ) from None
+
+
+def _unhindered(transport: asyncio.Transport, nbytes: int) -> bool:
+    """Whether `nbytes` written now leave the transport under its high-water mark (64 KiB
+    in asyncio and uvloop): then no write waits for the reader, so none needs a timer."""
+    return nbytes <= SMALL_BYTES and transport.get_write_buffer_size() <= SMALL_BYTES
