@@ -187,6 +187,94 @@ def test_an_orphaning_delete_leaves_the_dependents_without_that_owner(
     assert "ownerReferences" not in found["metadata"]
 
 
+def test_an_orphaning_delete_marks_the_owner_until_its_dependents_are_orphaned(
+    served: ServedKubeApi,
+) -> None:
+    """The API server gives the owner a deletionTimestamp and the `orphan` finalizer; the
+    garbage collector then takes its reference off each dependent and removes the finalizer,
+    and only then is the owner gone: a watcher sees the three steps in that order."""
+    reference = _owner(served, "marked")
+    call(
+        served,
+        "POST",
+        CONFIGMAPS,
+        {"metadata": {"name": "marked-child", "ownerReferences": [reference]}},
+    )
+    _, listing = call(served, "GET", CONFIGMAPS)
+    version = listing["metadata"]["resourceVersion"]
+
+    options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Orphan"}
+    _, answer = call(served, "DELETE", f"{CONFIGMAPS}/marked", options)
+    assert answer["metadata"]["deletionTimestamp"] and answer["metadata"]["finalizers"] == [
+        "orphan"
+    ]
+
+    events = watch(served, f"{CONFIGMAPS}?watch=true&resourceVersion={version}&timeoutSeconds=1")
+    steps = [(e["type"], e["object"]["metadata"]) for e in events]
+    assert [(kind, metadata["name"]) for kind, metadata in steps] == [
+        ("MODIFIED", "marked"),
+        ("MODIFIED", "marked-child"),
+        ("DELETED", "marked"),
+    ]
+    assert steps[0][1]["finalizers"] == ["orphan"] and steps[0][1]["deletionTimestamp"]
+    assert "ownerReferences" not in steps[1][1]
+
+
+@pytest.mark.parametrize("write", ["merge", "apply"])
+def test_a_dependent_given_a_deleted_owners_reference_is_collected(
+    served: ServedKubeApi, write: str
+) -> None:
+    """The garbage collector deletes a dependent none of whose owners exist, also one that
+    gains its reference after the owner went (a controller racing the owner's deletion)."""
+    reference = _owner(served, f"gone-{write}")
+    call(served, "DELETE", f"{CONFIGMAPS}/gone-{write}")
+    name = f"late-{write}"
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})
+    body: dict[str, Any] = {"metadata": {"ownerReferences": [reference]}}
+    if write == "merge":
+        status, _ = call(served, "PATCH", f"{CONFIGMAPS}/{name}", body, MERGE)
+    else:
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, **body["metadata"]},
+        }
+        status, _ = call(served, "PATCH", f"{CONFIGMAPS}/{name}?fieldManager=late", body, APPLY)
+    assert status == 200
+    assert call(served, "GET", f"{CONFIGMAPS}/{name}")[0] == 404
+
+
+@pytest.mark.parametrize("write", ["merge", "apply"])
+def test_a_patch_that_names_a_resource_version_is_refused_for_another(
+    served: ServedKubeApi, write: str
+) -> None:
+    """A resourceVersion in a patch (an applied configuration too) is a precondition: a 409
+    Conflict when the object has changed since, as for an update."""
+    name = f"versioned-{write}"
+    _, created = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})
+    _, changed = call(served, "PATCH", f"{CONFIGMAPS}/{name}", {"data": {"a": "1"}}, MERGE)
+
+    def patch(version: str) -> tuple[int, Any]:
+        metadata = {"name": name, "resourceVersion": version}
+        if write == "merge":
+            return call(
+                served,
+                "PATCH",
+                f"{CONFIGMAPS}/{name}",
+                {"metadata": metadata, "data": {"b": "2"}},
+                MERGE,
+            )
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"b": "2"}}
+        return call(served, "PATCH", f"{CONFIGMAPS}/{name}?fieldManager=mine", body, APPLY)
+
+    status, refused = patch(created["metadata"]["resourceVersion"])
+    assert (status, refused["reason"]) == (409, "Conflict")
+    assert "the object has been modified" in refused["message"]
+    assert call(served, "GET", f"{CONFIGMAPS}/{name}")[1]["data"] == {"a": "1"}
+    status, patched = patch(changed["metadata"]["resourceVersion"])
+    assert status == 200 and patched["data"]["b"] == "2"
+
+
 def _owner(served: ServedKubeApi, name: str) -> dict[str, str]:
     """A new ConfigMap `name`, as the owner reference its dependents would carry."""
     _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})

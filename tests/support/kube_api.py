@@ -43,6 +43,10 @@ Json = dict[str, Any]
 KindKey = tuple[str, str, str]  # group, version, plural
 ObjectKey = tuple[KindKey, str, str]  # kind, namespace ("" when cluster-scoped), name
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# What an orphaning delete holds its object with until the garbage collector has orphaned the
+# dependents, and the field manager of that collector's writes.
+ORPHAN_FINALIZER = "orphan"
+GC_MANAGER = "kube-controller-manager"
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
@@ -291,9 +295,11 @@ class KubeApiServer(kmock.KubernetesEmulator):
     kinds that have one (writes to the object ignore `.status`, writes to `/status` change only
     `.status`); finalizers and deletionTimestamp; ownerReference garbage collection (at once,
     or `gc_delay_s` later as from a real, lagging collector; cascading, background-style; a
-    dependent created after its owners are gone goes too; an orphaning delete,
-    `propagationPolicy: Orphan`, takes the owner's reference off its dependents instead, at
-    once, without the owner's transient `orphan` finalizer);
+    dependent created, or given its references, after its owners are gone goes too; an
+    orphaning delete, `propagationPolicy: Orphan`, marks the owner with the `orphan`
+    finalizer, and the collector then takes the owner's reference off its dependents and
+    removes the finalizer); a resourceVersion in a patch or an applied configuration is a
+    precondition, as in an update;
     discovery (`/api`, `/apis`, each group and version) including
     CRDs once applied; a CRD is validated as the API server validates it (its name, names,
     versions, printer columns and schema: structural, defaults, list and map types, CEL rules and
@@ -896,10 +902,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
         self.store[key] = obj
         self._emit(kind, "ADDED", obj)
         created = copy.deepcopy(obj)
-        if self._owners_gone(obj):
-            # The garbage collector deletes a dependent none of whose owners exist, also one
-            # created after they were deleted (a controller racing the owner's deletion).
-            self._delete(kind, key, {})
+        self._collect_if_dangling(key, obj)
         return created
 
     def _update(
@@ -917,8 +920,10 @@ class KubeApiServer(kmock.KubernetesEmulator):
         old = self._existing(kind, key)
         if not isinstance(body, dict):
             raise ApiFailure(400, "BadRequest", "the body is not an object")
+        # The version a client sent (a patch's result keeps the stored one unless the patch
+        # names another) is a precondition of any write.
         sent_version = body.get("metadata", {}).get("resourceVersion")
-        if replace and sent_version and sent_version != old["metadata"]["resourceVersion"]:
+        if sent_version and sent_version != old["metadata"]["resourceVersion"]:
             message = (
                 f'Operation cannot be fulfilled on {kind.qualified} "{key[2]}": the object has '
                 "been modified; please apply your changes to the latest version and try again"
@@ -972,7 +977,9 @@ class KubeApiServer(kmock.KubernetesEmulator):
             return new
         self.store[key] = new
         self._emit(kind, "MODIFIED", new, old)
-        return copy.deepcopy(new)
+        updated = copy.deepcopy(new)
+        self._collect_if_dangling(key, new)
+        return updated
 
     def _patch(
         self,
@@ -1060,23 +1067,32 @@ class KubeApiServer(kmock.KubernetesEmulator):
         obj = self._existing(kind, key)
         if params.get("dryRun"):
             return obj
-        if params.get("propagationPolicy") == "Orphan":
-            self._orphan(obj["metadata"]["uid"])
         metadata = obj["metadata"]
+        orphaning = params.get("propagationPolicy") == "Orphan"
+        if orphaning and not metadata.get("deletionTimestamp"):
+            metadata["finalizers"] = [*(metadata.get("finalizers") or []), ORPHAN_FINALIZER]
         if metadata.get("finalizers"):
             if not metadata.get("deletionTimestamp"):
                 metadata.update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
                 metadata["resourceVersion"] = str(next(self._revision))
                 previous, self.store[key] = self.store[key], obj
                 self._emit(kind, "MODIFIED", obj, previous)
+                if orphaning:
+                    self._garbage_collect(lambda: self._orphan(key))
             return copy.deepcopy(obj)
         metadata["resourceVersion"] = str(next(self._revision))
         self._remove(kind, key, obj)
         return obj
 
-    def _orphan(self, uid: str) -> None:
-        """What the garbage collector does for an orphaning delete: each dependent loses its
-        reference to the owner (a patch of its own), and stays."""
+    def _orphan(self, key: ObjectKey) -> None:
+        """What the garbage collector does for an owner with the `orphan` finalizer: each
+        dependent loses its reference to the owner (a patch of its own) and stays; then the
+        finalizer goes, and with the last one the owner."""
+        owner = self.store.get(key)
+        if owner is None or ORPHAN_FINALIZER not in (owner["metadata"].get("finalizers") or []):
+            return
+        uid = owner["metadata"]["uid"]
+        params = {"fieldManager": GC_MANAGER}
         for (kind_key, namespace, name), obj in list(self.store.items()):
             references = obj["metadata"].get("ownerReferences") or []
             kept = [reference for reference in references if reference.get("uid") != uid]
@@ -1087,9 +1103,15 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 orphan["metadata"]["ownerReferences"] = kept
             else:
                 del orphan["metadata"]["ownerReferences"]
-            params = {"fieldManager": "kube-controller-manager"}
-            key = (kind_key, namespace, name)
-            self._update(self.kinds[kind_key], key, orphan, "", params, replace=False)
+            dependent = (kind_key, namespace, name)
+            self._update(self.kinds[kind_key], dependent, orphan, "", params, replace=False)
+        released = copy.deepcopy(self.store[key])
+        finalizers = [f for f in released["metadata"]["finalizers"] if f != ORPHAN_FINALIZER]
+        if finalizers:
+            released["metadata"]["finalizers"] = finalizers
+        else:
+            del released["metadata"]["finalizers"]
+        self._update(self.kinds[key[0]], key, released, "", params, replace=False)
 
     def _remove(self, kind: Kind, key: ObjectKey, obj: Json) -> None:
         """Delete for good, then collect what it owned (and, for a CRD, its objects)."""
@@ -1104,10 +1126,29 @@ class KubeApiServer(kmock.KubernetesEmulator):
         def dependent(_kind: KindKey, obj: Json) -> bool:
             return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences", []))
 
+        self._garbage_collect(lambda: self._collect(dependent))
+
+    def _garbage_collect(self, work: Callable[[], None]) -> None:
+        """The garbage collector's `work`, at once or `gc_delay_s` later: a real one works in
+        the background, from its own watches."""
         if self.gc_delay_s > 0:
-            asyncio.get_running_loop().call_later(self.gc_delay_s, self._collect, dependent)
+            asyncio.get_running_loop().call_later(self.gc_delay_s, work)
         else:
-            self._collect(dependent)
+            work()
+
+    def _collect_if_dangling(self, key: ObjectKey, obj: Json) -> None:
+        """The garbage collector deletes a dependent none of whose owners exist, also one
+        created, or given its references, after they went (a controller racing the owners'
+        deletion); it looks again when it acts."""
+        if not self._owners_gone(obj):
+            return
+
+        def collect() -> None:
+            found = self.store.get(key)
+            if found is not None and self._owners_gone(found):
+                self._delete(self.kinds[key[0]], key, {})
+
+        self._garbage_collect(collect)
 
     def _owners_gone(self, obj: Json) -> bool:
         references = obj["metadata"].get("ownerReferences") or []
