@@ -41,24 +41,28 @@ def replicas_only(rendered: Manifest, replicas: int) -> Manifest:
 
 
 async def hand_over_replicas(
-    kube: KubeClient, owner: Manifest, actual: Mapping[str, Any], rendered: Manifest
-) -> None:
+    kube: KubeClient, owner: Manifest, actual: Manifest, rendered: Manifest
+) -> Manifest:
     """Before applying `rendered` over `actual`: if the apply would drop replicas carpool
-    applied, give the live count to the hand-over manager first."""
+    applied, give the live count to the hand-over manager first. Returns the child as it is
+    left for that apply."""
     if rendered["kind"] != "Deployment" or "replicas" in rendered["spec"]:
-        return
+        return actual
     replicas = int(actual.get("spec", {}).get("replicas", 1))
     # Zero is left to fall to the default of one: an HPA never scales a target at zero.
     if replicas == 0 or not applies_replicas(actual):
-        return
+        return actual
     try:
         # Not forced: a conflict means the autoscaler wrote a new count since the read, so
         # the field is already theirs.
-        await kube.apply(replicas_only(rendered, replicas), manager=HANDOVER_MANAGER, force=False)
+        handed = await kube.apply(
+            replicas_only(rendered, replicas), manager=HANDOVER_MANAGER, force=False
+        )
     except ApiError as error:
         if error.status != 409:
             raise
-        return
+        return actual
     name = rendered["metadata"]["name"]
     message = f"Deployment {name} keeps its {replicas} replicas until the autoscaler sets them"
     await kube.post_event(owner, "ReplicasHandedOver", message, warning=False)
+    return handed

@@ -291,12 +291,14 @@ class KubeClient:
 
     async def apply(
         self, manifest: Manifest, *, manager: str = FIELD_MANAGER, force: bool = True
-    ) -> None:
+    ) -> Manifest:
         """Server-side apply, forced: the child ends up with exactly the fields carpool renders.
 
         Fields carpool applied before and no longer renders are removed; fields other managers
         own (an HPA's replicas, an injected container) are left alone. Another `manager`, not
-        forced, takes part in a hand-over (handover.py): a conflict is then an ApiError 409.
+        forced, takes part in a hand-over (handover.py): a conflict is then an ApiError 409,
+        as it is when `manifest` names a resourceVersion the child no longer has. Returns the
+        child as the apply left it.
         """
         kind, metadata = manifest["kind"], manifest["metadata"]
         path = RESOURCES[kind].path(metadata["namespace"], metadata["name"])
@@ -306,7 +308,10 @@ class KubeClient:
         found = await self._request(
             "PATCH", path, body=manifest, content_type=APPLY_PATCH, params=params
         )
+        if not isinstance(found, dict):
+            raise ApiError(503, "BadApply", f"PATCH {path} answered no object")
         self._wrote(kind, found)
+        return found
 
     async def merge_patch(
         self, kind: str, namespace: str, name: str, patch: Manifest, *, subresource: str = ""

@@ -22,6 +22,7 @@ from carpool_operator.locks import Locks
 from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
 from carpool_operator.pods import pod_problem
+from carpool_operator.preconditions import ModelGone, as_judged, require_live
 from carpool_operator.refusals import Refusals
 from carpool_operator.render import render_spec, selector_for, service_url
 from carpool_operator.spec import ModelSpec, SpecError, parse
@@ -91,6 +92,8 @@ async def _apply(
             return
         news = "ChildUpdated", f"updated {kind} {name}"
     elif adoptable(actual, manifest):
+        # Unless this very model's orphaning delete left it so (see preconditions.py).
+        await require_live(kube, owner)
         news = "ChildAdopted", f"adopted {kind} {name}, which an earlier {spec.name} left"
     elif collected(actual, manifest):
         # Its deletion (a watch event) asks for the next reconcile; kopf's retry is the backstop.
@@ -99,9 +102,9 @@ async def _apply(
     else:
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
     if actual is not None:
-        await hand_over_replicas(kube, owner, actual, manifest)
+        actual = await hand_over_replicas(kube, owner, actual, manifest)
     try:
-        await kube.apply(manifest)
+        await kube.apply(as_judged(manifest, actual))
     except ApiError as error:
         if error.transient:
             raise
@@ -223,8 +226,7 @@ async def _converge(
     try:
         body = await kube.get("BatchedModel", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            runtime.refusals.forget(namespace, name)
-            return None  # garbage collection removes the children
+            raise ModelGone(name)
         applied: ModelSpec | None = None
         error: SpecError | None = None
         try:
@@ -238,6 +240,9 @@ async def _converge(
             logger.debug(f"cannot realise {namespace}/{name}: {problem.message}")
             error = problem
         return await _status(kube, body, applied, error)
+    except ModelGone:
+        runtime.refusals.forget(namespace, name)
+        return None  # garbage collection removes the children, or the user keeps them
     except ApiError as problem:
         raise _retry(problem, retry) from problem
 

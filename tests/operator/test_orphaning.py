@@ -1,0 +1,162 @@
+"""A reconcile that races an orphaning delete leaves the children the user kept alone.
+
+`kubectl delete bm NAME --cascade=orphan` keeps the children: the garbage collector takes the
+model's owner reference off them, then the model goes. The operator reads from its cache, whose
+watches (one per kind) may tell of that later than it happened; a reconcile that then wrote a
+child with the owner reference again would hand it back to the garbage collector, which deletes
+a dependent whose owner is gone. Here the reconcile runs in process against the test API server,
+with a cache that heard of some writes and not yet of others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+from support.kube_api import ServedKubeApi
+from support.kube_cluster import CRD, OPERATOR_AGENT
+from support.kube_http import call
+from support.kube_models import model
+
+from carpool_operator.defaults import Defaults
+from carpool_operator.kube import RESOURCES, KubeClient
+from carpool_operator.metrics import OperatorMetrics
+from carpool_operator.reconcile import Runtime, reconcile
+from carpool_operator.types import Manifest
+
+LOG = logging.getLogger("test")
+MERGE = "application/merge-patch+json"
+ORPHAN = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Orphan"}
+
+
+class Heard:
+    """The operator's cache as its watches last told it: each object as it was when heard of,
+    which may be behind the API server."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._objects: dict[tuple[str, str, str], Manifest] = {}
+
+    async def hear(self, kind: str, name: str) -> None:
+        """The watch of `kind` tells of the object as the API server has it now."""
+        found = await self._kube.fetch(kind, "default", name)
+        if found is None:
+            self._objects.pop((kind, "default", name), None)
+        else:
+            self._objects[kind, "default", name] = found
+
+    async def get(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        return self._objects.get((kind, namespace, name))
+
+    async def select(
+        self, kind: str, namespace: str, selector: Mapping[str, str]
+    ) -> list[Manifest]:
+        return []
+
+    async def serves(self, kind: str) -> bool:
+        return True
+
+    def wrote(self, found: Manifest) -> None:
+        metadata = found["metadata"]
+        self._objects[found["kind"], metadata["namespace"], metadata["name"]] = found
+
+    def deleted(self, kind: str, namespace: str, name: str) -> None:
+        self._objects.pop((kind, namespace, name), None)
+
+
+@pytest.fixture
+def served() -> Iterator[ServedKubeApi]:
+    with ServedKubeApi() as server:
+        crd = yaml.safe_load(CRD.read_text())
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        assert call(server, "POST", path, crd)[0] == 201
+        yield server
+
+
+@pytest.fixture
+async def kube(served: ServedKubeApi) -> AsyncIterator[KubeClient]:
+    client = KubeClient()
+    client.login(kopf.ConnectionInfo(server=served.url))
+    yield client
+    await client.close()
+
+
+def children(name: str) -> list[tuple[str, str]]:
+    return [("ConfigMap", f"{name}-batching"), ("Deployment", name), ("Service", name)]
+
+
+def live(served: ServedKubeApi, kind: str, name: str) -> dict[str, Any] | None:
+    status, found = call(served, "GET", RESOURCES[kind].path("default", name))
+    return found if status == 200 else None
+
+
+async def made(served: ServedKubeApi, kube: KubeClient, name: str) -> tuple[Runtime, Heard]:
+    """A model and its children, made by a reconcile whose cache heard of everything."""
+    assert call(served, "POST", RESOURCES["BatchedModel"].path("default"), model(name))[0] == 201
+    heard = Heard(kube)
+    kube.store = heard
+    await heard.hear("BatchedModel", name)
+    runtime = Runtime(Defaults(), OperatorMetrics(CollectorRegistry()), kube)
+    await reconcile(runtime, "default", name, LOG)
+    for kind, child in children(name):
+        found = live(served, kind, child)
+        assert found is not None and found["metadata"]["ownerReferences"], kind
+    return runtime, heard
+
+
+def assert_kept(served: ServedKubeApi, before: dict[str, dict[str, Any]], name: str) -> None:
+    """Every child is there, the same object, and nobody's: the garbage collector leaves it."""
+    for kind, child in children(name):
+        found = live(served, kind, child)
+        assert found is not None, f"{kind} {child} was collected"
+        assert found["metadata"]["uid"] == before[kind]["metadata"]["uid"], kind
+        assert not found["metadata"].get("ownerReferences"), (kind, found["metadata"])
+
+
+async def test_a_change_applied_after_an_orphaning_delete_leaves_the_children_kept(
+    served: ServedKubeApi, kube: KubeClient
+) -> None:
+    """The cache heard of a new image, not yet of the orphaning delete that followed it: the
+    Deployment's apply, judged against the Deployment as it was, is refused and retried."""
+    runtime, heard = await made(served, kube, "changed")
+    before = {kind: live(served, kind, child) or {} for kind, child in children("changed")}
+    path = RESOURCES["BatchedModel"].path("default", "changed")
+    image = {"spec": {"model": {"image": "registry.example.com/team/carpool:0.3.0"}}}
+    assert call(served, "PATCH", path, image, MERGE)[0] == 200
+    await heard.hear("BatchedModel", "changed")
+    assert call(served, "DELETE", path, ORPHAN)[0] == 200
+
+    with pytest.raises(kopf.TemporaryError):  # this pass lost the race: kopf retries it
+        await reconcile(runtime, "default", "changed", LOG)
+    assert_kept(served, before, "changed")
+
+    # The retry, once the cache heard of it all, writes nothing.
+    writes = served.api.write_count(agent=OPERATOR_AGENT)
+    for kind, child in [("BatchedModel", "changed"), *children("changed")]:
+        await heard.hear(kind, child)
+    await reconcile(runtime, "default", "changed", LOG)
+    assert served.api.write_count(agent=OPERATOR_AGENT) == writes
+    assert_kept(served, before, "changed")
+
+
+async def test_children_heard_orphaned_before_their_models_deletion_are_not_taken_back(
+    served: ServedKubeApi, kube: KubeClient
+) -> None:
+    """The children's watches told of the orphaning, the model's not yet of its deletion: the
+    children look like orphans to adopt, but the model they would go to is gone."""
+    runtime, heard = await made(served, kube, "lagged")
+    before = {kind: live(served, kind, child) or {} for kind, child in children("lagged")}
+    path = RESOURCES["BatchedModel"].path("default", "lagged")
+    assert call(served, "DELETE", path, ORPHAN)[0] == 200
+    for kind, child in children("lagged"):
+        await heard.hear(kind, child)
+
+    writes = served.api.write_count(agent=OPERATOR_AGENT)
+    await reconcile(runtime, "default", "lagged", LOG)
+    assert_kept(served, before, "lagged")
+    assert served.api.write_count(agent=OPERATOR_AGENT) == writes
