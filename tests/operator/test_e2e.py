@@ -327,10 +327,13 @@ def test_a_model_applied_again_after_an_orphaning_delete_adopts_its_children(
     children += [("configmap", "e2e-orphans-batching"), ("pdb", "e2e-orphans")]
     before = {kind: cluster.wait_for_object(kind, name) for kind, name in children}
 
+    # kubectl waits until the model is gone, which is after the garbage collector took its
+    # reference off every child (and a reconcile under way puts none back).
     cluster.kubectl("delete", "bm", "e2e-orphans", "--cascade=orphan")
     cluster.wait_gone("bm", "e2e-orphans")
-    orphan = cluster.get("deployment", "e2e-orphans")
-    assert orphan is not None and not orphan["metadata"].get("ownerReferences")
+    for kind, name in children:
+        orphan = cluster.get(kind, name)
+        assert orphan is not None and not orphan["metadata"].get("ownerReferences"), kind
 
     # The same model again, with a change the Deployment must take.
     image = "registry.example.com/team/carpool:0.3.0"
@@ -338,22 +341,21 @@ def test_a_model_applied_again_after_an_orphaning_delete_adopts_its_children(
         cluster, model("e2e-orphans", replicas=2, model={"handler": "toy", "image": image})
     )
     assert again["metadata"]["uid"] != first["metadata"]["uid"]
-    deployment = cluster.wait_for_object(
-        "deployment",
-        "e2e-orphans",
-        lambda found: found["spec"]["template"]["spec"]["containers"][0]["image"] == image,
-    )
-    for kind, name in children:
-        child = deployment if kind == "deployment" else cluster.get(kind, name)
-        assert child is not None and owned_by(child, again), kind
-        # Adopted, not made anew.
-        assert child["metadata"]["uid"] == before[kind]["metadata"]["uid"], kind
+    # Not Degraded only once a reconcile applied every child (one may wait for the watches to
+    # tell of the orphaning first).
     settled = cluster.wait_for_object(
         "bm",
         "e2e-orphans",
         lambda found: condition(found, "Degraded").get("reason") == "AsExpected",
     )
     assert condition(settled, "Degraded")["status"] == "False"
+    for kind, name in children:
+        child = cluster.get(kind, name)
+        assert child is not None and owned_by(child, again), kind
+        # Adopted, not made anew.
+        assert child["metadata"]["uid"] == before[kind]["metadata"]["uid"], kind
+        if kind == "deployment":
+            assert child["spec"]["template"]["spec"]["containers"][0]["image"] == image
     adopted = [event["message"] for event in events(cluster, "e2e-orphans", "ChildAdopted")]
     assert "adopted Deployment e2e-orphans, which an earlier e2e-orphans left" in adopted
 
