@@ -45,3 +45,7 @@ def test_retries_back_off_to_a_ceiling() -> None:
     assert max(delays) == delays[-1] == MAX_RETRY_S
     # Throttling and a refusal of permission start slower.
     assert ApiError(429, "", "").retry_delay(0) > FIRST_RETRY_S
+    # A write lost to another since the read (an apply's resourceVersion precondition) is
+    # judged again within a second, once the cache has the news.
+    assert ApiError(409, "Conflict", "").retry_delay(0) <= 1.0
+    assert ApiError(409, "Conflict", "").retry_delay(100) == MAX_RETRY_S

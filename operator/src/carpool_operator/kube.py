@@ -84,10 +84,13 @@ REQUEST_CONNECTIONS = 100
 # in a list merged by key, a field the kind does not declare): a bare 500 with this text
 # (k8s.io/apimachinery managedfields, structuredmerge.go). The same request fails the same way.
 UNTYPABLE_APPLY = "failed to create typed patch object"
-# Retries wait FIRST_RETRY_S (LONG_FIRST_RETRY_S after throttling or a refusal of permission),
-# twice as long after each failure in a row, at most MAX_RETRY_S.
+# Retries wait FIRST_RETRY_S (LONG_FIRST_RETRY_S after throttling or a refusal of permission,
+# CONFLICT_FIRST_RETRY_S after a write lost to another since the read: the cache has its news
+# within moments, and a spec change during a rollout should not wait seconds for it), twice as
+# long after each failure in a row, at most MAX_RETRY_S.
 FIRST_RETRY_S = 5.0
 LONG_FIRST_RETRY_S = 30.0
+CONFLICT_FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 600.0
 
 
@@ -111,8 +114,8 @@ class ApiError(Exception):
 
     def retry_delay(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (0: the first) of a transient error."""
-        first = LONG_FIRST_RETRY_S if self.status in (403, 429) else FIRST_RETRY_S
-        return min(MAX_RETRY_S, first * 2.0 ** min(retry, 32))
+        first = {403: LONG_FIRST_RETRY_S, 429: LONG_FIRST_RETRY_S, 409: CONFLICT_FIRST_RETRY_S}
+        return min(MAX_RETRY_S, first.get(self.status, FIRST_RETRY_S) * 2.0 ** min(retry, 32))
 
 
 def _error(status: int, payload: Any) -> ApiError:
