@@ -10,6 +10,7 @@ current (`make generate`).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,22 @@ def test_the_docs_tables_list_every_knob(document: str) -> None:
     for knob in KNOBS:
         named = {knob.flag, default_flag(knob.attribute), knob.attribute}
         assert any(f"| `{name}` |" in text for name in named), f"{document} lacks {knob.key}"
+
+
+def _examples_of_every_setting() -> list[tuple[str, str]]:
+    """The docs' code blocks that show a whole set of batching settings (a `batching.json`,
+    a `status.batching`): those that name `maxQueueBytes`, which no partial example sets."""
+    shown = []
+    for document in sorted((ROOT / "docs").glob("*.md")):
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```$", document.read_text(), re.S | re.M):
+            if "maxQueueBytes" in block:
+                shown.append((document.name, block))
+    return shown
+
+
+def test_the_docs_examples_of_the_settings_name_every_knob() -> None:
+    examples = _examples_of_every_setting()
+    assert len(examples) >= 2  # architecture.md's batching.json, operator.md's status
+    for document, block in examples:
+        missing = [knob.key for knob in KNOBS if knob.key not in block]
+        assert not missing, f"an example of the batching settings in {document} lacks {missing}"
