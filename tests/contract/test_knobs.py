@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chart.rendering import HELM, render
 from click.testing import CliRunner
 from support.knobs import other_value
 
@@ -130,10 +130,8 @@ def test_the_crd_and_the_chart_state_each_knob_with_its_bounds(knob: Knob) -> No
     BatchingSettings(**{knob.attribute: other_value(knob)})
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is installed by make tools")
+@pytest.mark.skipif(not HELM.exists(), reason="helm is installed by make tools")
 def test_the_chart_passes_every_knob_to_the_operator() -> None:
-    from chart.rendering import render
-
     sets = tuple(f"defaults.{knob.key}={other_value(knob)}" for knob in KNOBS)
     (deployment,) = [m for m in render(sets=sets) if m["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
