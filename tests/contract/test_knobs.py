@@ -10,12 +10,13 @@ current (`make generate`).
 from __future__ import annotations
 
 import json
-import shutil
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from chart.rendering import HELM, render
 from click.testing import CliRunner
 from support.knobs import other_value
 
@@ -129,10 +130,8 @@ def test_the_crd_and_the_chart_state_each_knob_with_its_bounds(knob: Knob) -> No
     BatchingSettings(**{knob.attribute: other_value(knob)})
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is installed by make tools")
+@pytest.mark.skipif(not HELM.exists(), reason="helm is installed by make tools")
 def test_the_chart_passes_every_knob_to_the_operator() -> None:
-    from chart.rendering import render
-
     sets = tuple(f"defaults.{knob.key}={other_value(knob)}" for knob in KNOBS)
     (deployment,) = [m for m in render(sets=sets) if m["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -147,3 +146,22 @@ def test_the_docs_tables_list_every_knob(document: str) -> None:
     for knob in KNOBS:
         named = {knob.flag, default_flag(knob.attribute), knob.attribute}
         assert any(f"| `{name}` |" in text for name in named), f"{document} lacks {knob.key}"
+
+
+def _examples_of_every_setting() -> list[tuple[str, str]]:
+    """The docs' code blocks that show a whole set of batching settings (a `batching.json`,
+    a `status.batching`): those that name `maxQueueBytes`, which no partial example sets."""
+    shown = []
+    for document in sorted((ROOT / "docs").glob("*.md")):
+        for block in re.findall(r"^```[^\n]*\n(.*?)^```$", document.read_text(), re.S | re.M):
+            if "maxQueueBytes" in block:
+                shown.append((document.name, block))
+    return shown
+
+
+def test_the_docs_examples_of_the_settings_name_every_knob() -> None:
+    examples = _examples_of_every_setting()
+    assert len(examples) >= 2  # architecture.md's batching.json, operator.md's status
+    for document, block in examples:
+        missing = [knob.key for knob in KNOBS if knob.key not in block]
+        assert not missing, f"an example of the batching settings in {document} lacks {missing}"

@@ -113,6 +113,13 @@ def test_inconsistent_settings_name_key_and_value(
     assert key in str(raised.value) and value in str(raised.value)
 
 
+def test_a_path_in_an_error_reads_as_it_was_given() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse(*BASE, "--port", "8080")
+    given = "(CARPOOL_MODEL_SOCKET) '/tmp/carpool-test.sock': give exactly one data listener"
+    assert given in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [

@@ -6,6 +6,8 @@ response with the same statuses.
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 
 class ServerError(Exception):
     """A request the server refuses as a whole."""
@@ -51,6 +53,7 @@ class ConfigError(ValueError):
     """A setting that is missing or invalid; the message names the key and the value."""
 
     def __init__(self, key: str, value: object, reason: str) -> None:
-        super().__init__(f"invalid {key} {value!r}: {reason}")
+        shown = str(value) if isinstance(value, PurePath) else value  # as it was given
+        super().__init__(f"invalid {key} {shown!r}: {reason}")
         self.key = key
         self.value = value
