@@ -14,8 +14,9 @@ shape given with a word-level tokenizer (no download). Served requests go to
 event (for static batching, the whole answer's), inter-token latency the time between
 events. The first `--clients` requests arrive together; "later" is the TTFT p50 of the
 rest, each arriving into a running batch. Rounds alternate the variants; medians are
-reported, and every variant's texts are compared with sequential `generate`'s (with `--skip
-sequential`, with the first served variant's).
+reported, and every variant's texts are compared with sequential `generate`'s, read after
+the prompt as transformers' pipeline reads an answer (with `--skip sequential`, with the
+first served variant's).
 
 `--served` names the served variants as handler options, so that settings of the token
 loop can be compared in one run:
@@ -77,6 +78,8 @@ def workload(count: int, words: list[str], sampled: float, seed: int = 0) -> Wor
 
 
 def sequential(model: Any, tokenizer: Any, work: Work) -> Run:
+    from library.tiny_lm import after_prompt
+
     texts, tokens, firsts = [], 0, []
     started = time.monotonic()
     for prompt, new_tokens, _ in work:
@@ -87,13 +90,14 @@ def sequential(model: Any, tokenizer: Any, work: Work) -> Run:
             )
         new = output[0, ids.shape[1] :].tolist()
         new = new[: new.index(0)] if 0 in new else new
-        texts.append(tokenizer.decode(new, skip_special_tokens=True))
+        texts.append(after_prompt(tokenizer, ids[0].tolist(), new))
         tokens += len(new)
         firsts.append(time.monotonic() - started)
     return Run(texts, tokens, time.monotonic() - started, firsts[:1])
 
 
 def in_process(model: Any, tokenizer: Any, work: Work) -> Run:
+    from library.tiny_lm import after_prompt
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     config = GenerationConfig(do_sample=False, eos_token_id=0, pad_token_id=0, max_new_tokens=1)
@@ -106,10 +110,10 @@ def in_process(model: Any, tokenizer: Any, work: Work) -> Run:
     manager.start()
     try:
         started = time.monotonic()
-        ids = {}
+        ids, prompts = {}, []
         for index, (prompt, new_tokens, _) in enumerate(work):
-            prompt_ids = tokenizer(prompt)["input_ids"]
-            ids[manager.add_request(prompt_ids, f"r{index}", max_new_tokens=new_tokens)] = index
+            prompts.append(tokenizer(prompt)["input_ids"])
+            ids[manager.add_request(prompts[-1], f"r{index}", max_new_tokens=new_tokens)] = index
         results: dict[int, list[int]] = {}
         while len(results) < len(work):
             output = manager.get_result(timeout=60)
@@ -119,7 +123,7 @@ def in_process(model: Any, tokenizer: Any, work: Work) -> Run:
         seconds = time.monotonic() - started
     finally:
         manager.stop(block=True)
-    texts = [tokenizer.decode(results[i], skip_special_tokens=True) for i in range(len(work))]
+    texts = [after_prompt(tokenizer, prompts[i], results[i]) for i in range(len(work))]
     return Run(texts, sum(map(len, results.values())), seconds, [])
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from library.test_streamed_text import count_decodes
 from library.test_text_generation import prompt_item
-from library.tiny_lm import WORDS
+from library.tiny_lm import WORDS, after_prompt
 from prometheus_client import CollectorRegistry
 
 from carpool.contract import wire
@@ -27,6 +28,7 @@ from carpool_model_server.handler_text_generation import TextGenerationHandler
 from carpool_model_server.metrics import ModelMetrics
 from carpool_model_server.runner import Runner
 from carpool_model_server.service import ModelService
+from carpool_model_server.streamed_text import CONTEXT_TOKENS
 from carpool_model_server.streaming import GenerationMetrics
 
 # The loop's defaults, and steps of 16 tokens that split most prompts over several steps.
@@ -43,14 +45,18 @@ def handler(tiny_lm_path: Path, request: pytest.FixtureRequest) -> Iterator[Text
     loaded.close()
 
 
-def generate_alone(handler: TextGenerationHandler, prompt: str, new_tokens: int) -> list[int]:
-    """The model's own greedy `generate` for one prompt: its new tokens."""
+def generate_alone(handler: TextGenerationHandler, prompt: str, new_tokens: int) -> tuple[str, int]:
+    """The model's own greedy `generate` for one prompt: its answer's text (read after the
+    prompt's, as transformers' pipeline reads it) and tokens, up to its end of sequence."""
     ids = handler.tokenizer(prompt, return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         output = handler.model.generate(
             ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=handler.pad_id
         )
-    return [int(token) for token in output[0, ids.shape[1] :]]
+    tokens = [int(token) for token in output[0, ids.shape[1] :]]
+    if handler.eos_id in tokens:
+        tokens = tokens[: tokens.index(handler.eos_id)]
+    return after_prompt(handler.tokenizer, ids[0].tolist(), tokens), len(tokens)
 
 
 async def stream(handler: TextGenerationHandler, item: Item) -> list[Piece]:
@@ -77,30 +83,20 @@ async def test_concurrent_streams_match_generate_alone(handler: TextGenerationHa
         final = pieces[-1].answer
         assert final is not None and all(piece.answer is None for piece in pieces[:-1])
         assert "".join(piece.text for piece in pieces) == final.text
-        tokens = generate_alone(handler, prompt, new_tokens)
-        if handler.eos_id in tokens:
-            tokens = tokens[: tokens.index(handler.eos_id)]
-        assert final.text == handler.tokenizer.decode(tokens, skip_special_tokens=True)
-        assert final.generated_tokens == len(tokens)
+        assert (final.text, final.generated_tokens) == generate_alone(handler, prompt, new_tokens)
 
 
 async def test_a_stream_decodes_each_token_once_not_its_whole_text_each_time(
     handler: TextGenerationHandler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The text so far is decoded token by token: decoding it whole at every token cost
-    each step the answer's length, per running sequence. Only the answer is decoded whole."""
-    decoded: list[int] = []
-    decode = handler.tokenizer.decode
-
-    def counting(ids: list[int], **kwargs: Any) -> str:
-        decoded.append(len(ids))
-        return str(decode(ids, **kwargs))
-
-    monkeypatch.setattr(handler.tokenizer, "decode", counting)
+    each step the answer's length, per running sequence. Only the answer is decoded whole,
+    after the prompt's last tokens (whose own text is decoded too)."""
+    decoded = count_decodes(handler.tokenizer, monkeypatch)
     pieces = await stream(handler, prompt_item("a red house by the river", max_new_tokens=30))
     final = pieces[-1].answer
     assert final is not None and final.generated_tokens == 30 and len(pieces) > 10
-    assert decoded == [30]
+    assert sorted(decoded) == [CONTEXT_TOKENS, CONTEXT_TOKENS, CONTEXT_TOKENS + 30]
 
 
 async def test_newcomers_prompts_are_prefilled_in_steps_of_their_own(

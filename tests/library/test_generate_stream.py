@@ -9,6 +9,7 @@ the batcher. Streamed pieces join to the unstreamed answer, which is the model's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,18 +35,20 @@ MODEL = "gen"
 STREAM = f"/v2/models/{MODEL}/generate_stream"
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory, tiny_lm_path: Path) -> Iterator[Pair]:
-    model_args = ["--model-path", str(tiny_lm_path), "--device", "cpu", "--max-batch-size", "8"]
+@contextlib.contextmanager
+def continuous_pair(folder: Path, model_path: Path) -> Iterator[Pair]:
+    """A sidecar, and a model server that batches the model's generation token by token."""
+    model_args = ["--model-path", str(model_path), "--device", "cpu", "--max-batch-size", "8"]
     model_args += ["--handler-options", "batching=continuous", "--warmup-sizes", "1"]
     with run_pair(
-        tmp_path_factory.mktemp("stream"),
-        "text-generation",
-        "--max-queue-items",
-        "64",
-        model_args=model_args,
-        model=MODEL,
+        folder, "text-generation", "--max-queue-items", "64", model_args=model_args, model=MODEL
     ) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, tiny_lm_path: Path) -> Iterator[Pair]:
+    with continuous_pair(tmp_path_factory.mktemp("stream"), tiny_lm_path) as running:
         yield running
 
 

@@ -1,16 +1,24 @@
-"""A streamed answer's text, token by token: the same text as decoding every token at once."""
+"""A streamed answer's text, token by token: the same text as decoding every token at once,
+read on from the prompt's, as the answer's text is."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from library.tiny_lm import WORDS, after_prompt, sentencepiece_tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from carpool_model_server.streamed_text import StreamedText
+from carpool_model_server.streamed_text import (
+    CLEAN_UP_REACH,
+    CONTEXT_TOKENS,
+    StreamedText,
+    answer_text,
+)
 
 MIXED = "héllo 日本 wörld 🙂 the sky, the sun."
 
@@ -33,8 +41,28 @@ def byte_level() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>")
 
 
-def texts_as_tokens_come(tokenizer: Any, ids: list[int]) -> list[str]:
-    text = StreamedText(tokenizer)
+@pytest.fixture(scope="module")
+def sentencepiece() -> Any:
+    return sentencepiece_tokenizer()
+
+
+def count_decodes(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The lengths of the token lists the tokenizer's `decode` is given from now on."""
+    decoded: list[int] = []
+    decode = tokenizer.decode
+
+    def counting(ids: list[int], **kwargs: Any) -> str:
+        decoded.append(len(ids))
+        return str(decode(ids, **kwargs))
+
+    monkeypatch.setattr(tokenizer, "decode", counting)
+    return decoded
+
+
+def texts_as_tokens_come(
+    tokenizer: Any, ids: list[int], prompt_ids: Sequence[int] = ()
+) -> list[str]:
+    text = StreamedText(tokenizer, prompt_ids)
     return [text.extend(ids[:count]) for count in range(1, len(ids) + 1)]
 
 
@@ -66,24 +94,33 @@ def test_any_tokens_stream_as_they_decode(byte_level: Any, tiny_lm_path: Path, s
         assert_streams_as_decoded(tokenizer, ids)
 
 
-def test_a_tokenizer_that_cleans_up_spaces_streams_the_cleaned_text() -> None:
-    """transformers' clean-up rewrites text across tokens after decoding ("sky ." to
-    "sky.", "sky ' s" to "sky's"): such a tokenizer's text is decoded whole, cleaned up as
-    its answer is, and a space the next tokens may still take away is held."""
+@pytest.fixture(scope="module")
+def cleaning() -> Any:
+    """A word-level tokenizer whose text transformers cleans up after decoding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    words = ["<eos>", "<unk>", "the", "sky", ".", "do", "n't", "'", "s"]
+    words = ["<eos>", "<unk>", *WORDS, ".", "do", "n't", "'", "s", ","]
     core = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tokenizer = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token="<eos>", clean_up_tokenization_spaces=True
     )
+
+
+def test_a_tokenizer_that_cleans_up_spaces_streams_the_cleaned_text(cleaning: Any) -> None:
+    """transformers' clean-up rewrites text across tokens after decoding ("sky ." to
+    "sky.", "sky ' s" to "sky's"): such a tokenizer's text is decoded whole, cleaned up as
+    its answer is, and a space the next tokens may still take away is held."""
+    tokenizer = cleaning
     ids = tokenizer("the sky . do n't the sky ' s")["input_ids"]
     assert tokenizer.decode(ids) == "the sky. don't the sky's"
     texts = texts_as_tokens_come(tokenizer, ids)
     assert all(after.startswith(before) for before, after in itertools.pairwise(texts))
     assert texts[-1] == tokenizer.decode(ids)
+    texts = texts_as_tokens_come(tokenizer, ids[2:], ids[:2])  # after the prompt "the sky"
+    assert all(after.startswith(before) for before, after in itertools.pairwise(texts))
+    assert texts[-1] == after_prompt(tokenizer, ids[:2], ids[2:]) == ". don't the sky's"
 
 
 def test_bytes_that_turn_out_no_character_do_not_break_the_stream() -> None:
@@ -133,13 +170,73 @@ def test_a_byte_level_tokenizer_that_asks_for_clean_up_streams_token_by_token(
         tokenizer_object=core, eos_token="<eos>", clean_up_tokenization_spaces=True
     )
     ids = tokenizer("the sky . do n't")["input_ids"]
-    decoded: list[int] = []
-    decode = tokenizer.decode
+    assert tokenizer.decode(ids) == "the sky . do n't"
+    decoded = count_decodes(tokenizer, monkeypatch)
+    assert texts_as_tokens_come(tokenizer, ids)[-1] == "the sky . do n't"
+    assert texts_as_tokens_come(tokenizer, ids[2:], ids[:2])[-1] == " . do n't"
+    assert decoded == [0, 2]  # the prompt's text, once: none of the answer's
 
-    def counting(token_ids: list[int], **kwargs: Any) -> str:
-        decoded.append(len(token_ids))
-        return str(decode(token_ids, **kwargs))
 
-    monkeypatch.setattr(tokenizer, "decode", counting)
-    assert texts_as_tokens_come(tokenizer, ids)[-1] == decode(ids) == "the sky . do n't"
-    assert decoded == []
+def test_an_answer_reads_on_from_its_prompt(sentencepiece: Any) -> None:
+    """A SentencePiece piece carries the space before its word ("\u2581on") and decoding
+    drops the text's first space: after "the cat sat" the answer reads " on the mat"."""
+    prompt = sentencepiece("the cat sat")["input_ids"]
+    answer = sentencepiece("on the mat", add_special_tokens=False)["input_ids"]
+    assert sentencepiece.decode(answer) == "on the mat"
+    assert texts_as_tokens_come(sentencepiece, answer, prompt) == [" on", " on the", " on the mat"]
+    assert answer_text(sentencepiece, prompt, answer) == " on the mat"
+    # A prompt that ends in U+FFFD itself: a decode stream would wait for the rest of a
+    # character there, then show the prompt's text with the answer's.
+    prompt = sentencepiece("the sky \ufffd")["input_ids"]
+    assert texts_as_tokens_come(sentencepiece, answer, prompt) == [" on", " on the", " on the mat"]
+
+
+def cut_texts(
+    tokenizer: Any, rng: random.Random, count: int
+) -> Iterator[tuple[list[int], list[int]]]:
+    """(prompt, answer) token ids: texts of words, parts of words and characters spelt in
+    bytes, cut between two characters at any token, the prompt at times long."""
+    words = [*WORDS, "héllo", "日本", "wörld", "🙂", "s", ".", "'", "n't", ","]
+    for _ in range(count):
+        text = " ".join(rng.choices(words, k=rng.choice([3, 12, 80])))
+        ids = tokenizer(text)["input_ids"]
+        cuts = [
+            cut
+            for cut in range(1, len(ids))
+            if not tokenizer.decode(ids[:cut]).endswith("\ufffd")
+            and not tokenizer.decode(ids[cut:]).startswith("\ufffd")
+        ]
+        cut = rng.choice(cuts)
+        yield ids[:cut], ids[cut:]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_answers_are_what_they_add_to_the_prompt_s_text(
+    sentencepiece: Any, byte_level: Any, cleaning: Any, tiny_lm_path: Path, seed: int
+) -> None:
+    """Streamed and whole, an answer is the pipeline's, decoded after a few prompt tokens
+    alone; a byte-level BPE's (GPT-2's) is its tokens' own text, as before. (A stream holds
+    a space near its end that clean-up may still take away.)"""
+    rng = random.Random(seed)
+    tokenizers = [sentencepiece, byte_level, AutoTokenizer.from_pretrained(tiny_lm_path), cleaning]
+    for tokenizer in tokenizers:
+        for prompt, answer in cut_texts(tokenizer, rng, 25):
+            expected = after_prompt(tokenizer, prompt, answer)
+            assert answer_text(tokenizer, prompt, answer) == expected, (prompt, answer)
+            texts = texts_as_tokens_come(tokenizer, answer, prompt)
+            assert all(after.startswith(before) for before, after in itertools.pairwise(texts))
+            held = expected.removeprefix(texts[-1])
+            assert texts[-1] + held == expected
+            assert not held or (tokenizer is cleaning and " " in held[:CLEAN_UP_REACH])
+            if tokenizer is byte_level:
+                assert expected == tokenizer.decode(answer)
+
+
+def test_only_the_prompt_s_last_tokens_are_decoded(
+    sentencepiece: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompt = sentencepiece(" ".join(WORDS * 4))["input_ids"]
+    answer = sentencepiece("on the mat", add_special_tokens=False)["input_ids"]
+    decoded = count_decodes(sentencepiece, monkeypatch)
+    assert answer_text(sentencepiece, prompt, answer) == " on the mat"
+    assert len(prompt) > 100 and max(decoded) <= CONTEXT_TOKENS + len(answer)

@@ -186,7 +186,7 @@ class TokenLoop:
         outputs: asyncio.Queue[Any] = asyncio.Queue()
         request_id = f"carpool-{next(self._ids)}"
         self._manager.register_result_handler(request_id, outputs.put_nowait)
-        text = StreamedText(self.tokenizer)
+        text = StreamedText(self.tokenizer, request.prompt_ids)
         shown = ""
         finished = False  # by the loop: nothing to cancel
         try:

@@ -51,6 +51,7 @@ from carpool_model_server.handler import (
     require_input,
     split_valid,
 )
+from carpool_model_server.streamed_text import CONTEXT_TOKENS, answer_text
 
 # A prompt's bytes per token of the model's context: about 4 in English text, at most 4 per
 # character in any UTF-8 text; 16 leaves room for odd texts while a prompt past it could
@@ -358,13 +359,13 @@ def finish(tokenizer: Any, eos_ids: list[int], new_ids: list[int], request: Requ
     """A prompt's answer from the tokens generated for it, however many past its end: its
     token limit, end of sequence and first stop string applied, and which of them ended it.
     A stop string ends the answer before the limit does; the end-of-sequence token is not
-    counted in, nor shown."""
+    counted in, nor shown. The text reads on from the prompt's (`answer_text`)."""
     new_ids = new_ids[: request.max_new_tokens]
     reason = generation.LENGTH
     ends = [new_ids.index(each) for each in eos_ids if each in new_ids]
     if ends:
         new_ids, reason = new_ids[: min(ends)], generation.EOS_TOKEN
-    text: str = tokenizer.decode(new_ids, skip_special_tokens=True)
+    text = answer_text(tokenizer, request.prompt_ids, new_ids)
     cut = cut_at_stop(text, request.stop)
     if len(cut) < len(text):
         reason = generation.STOP_SEQUENCE
@@ -415,8 +416,11 @@ class _RowStop:
         for row, request in enumerate(self.requests):
             if request.stop and not done[row]:
                 start = max(self.width, input_ids.shape[1] - _STOP_WINDOW)
-                ids = input_ids[row, start:].tolist()
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)  # as `finish`
+                # Read on from the tokens before it, the prompt's at first, as `finish` does
+                # (left padding: the row's prompt ends at `width`).
+                before = max(start - CONTEXT_TOKENS, self.width - len(request.prompt_ids))
+                ids = input_ids[row, before:].tolist()
+                text = answer_text(self.tokenizer, ids[: start - before], ids[start - before :])
                 done[row] = any(stop in text for stop in request.stop)
                 if done[row]:
                     self.ended[row] = min(self.ended[row], generated)

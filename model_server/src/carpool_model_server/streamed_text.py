@@ -14,6 +14,12 @@ turns out to be no UTF-8 decodes as one U+FFFD per byte, rewriting a character t
 already gave ("é" and one more byte: three U+FFFD). `DecodeStream` refuses such a token
 (the text no longer begins with what it gave); the stream then starts afresh at the
 tokens it has not shown yet, and the text shown stands.
+
+An answer is the text its tokens add to the prompt's (`answer_text`), as transformers'
+text-generation pipeline answers without the prompt: a SentencePiece piece carries the
+space before its word ("▁on") and decoding drops the text's first space, so after "the cat
+sat" the answer reads " on the mat". Both the stream and the whole answer decode the
+prompt's last CONTEXT_TOKENS before the answer's, never the whole prompt.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from typing import Any
 
 # transformers' clean-up patterns are a space and at most 3 characters (" n't").
 CLEAN_UP_REACH = 3
+# The prompt's tokens decoded before an answer's: its first token reads as it does after
+# the prompt with one; a few more cover a decoder's or clean-up's reach across tokens.
+CONTEXT_TOKENS = 5
 # How `DecodeStream.step` says that a token rewrote text it gave before.
 REWRITTEN = "Invalid prefix encountered"
 
@@ -30,21 +39,26 @@ REWRITTEN = "Invalid prefix encountered"
 class StreamedText:
     """The text of one sequence's tokens so far, short of a character not spelt out yet."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int]) -> None:
         self._tokenizer = tokenizer
+        self._context = list(prompt_ids[-CONTEXT_TOKENS:])
+        self._before = _decoded(tokenizer, self._context)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._cleans = _cleans_up(tokenizer)
-        whole = backend is None or self._cleans
+        # A stream started after text that ends in U+FFFD (a prompt that ends in it) waits
+        # for the rest of a character and then shows that text too: decoded whole instead.
+        whole = backend is None or self._cleans or self._before.endswith("\ufffd")
         self._backend: Any = None if whole else backend
-        self._stream: Any = None if whole else _decode_stream()
+        self._stream: Any = None if whole else _decode_stream(self._context)
         self._decoded = 0  # tokens decoded into `text`
         self._shown = 0  # tokens whose text is all in `text`
         self.text = ""
 
     def extend(self, tokens: Sequence[int]) -> str:
-        """The text of `tokens` (the same sequence's, one or more longer than last time)."""
+        """The text of `tokens` after the prompt's (the same sequence's tokens, one or more
+        longer than last time)."""
         if self._stream is None:
-            text: str = self._tokenizer.decode(list(tokens), skip_special_tokens=True)
+            text = _read_on(self._tokenizer, self._context, self._before, tokens)
             text = text.rstrip("\ufffd")
             # The clean-up takes away a space before what may still follow (" 's", " n't",
             # " ' "): a space among the last CLEAN_UP_REACH characters is held.
@@ -59,8 +73,9 @@ class StreamedText:
                     if REWRITTEN not in str(error):
                         raise
                     # Afresh from the first token not shown: a fresh stream has shown
-                    # nothing its next tokens could rewrite, so this ends.
-                    self._stream = _decode_stream()
+                    # nothing its next tokens could rewrite, so this ends. (It starts at a
+                    # token that showed nothing, a byte as a rule: no word's space is lost.)
+                    self._stream = _decode_stream([])
                     index = self._shown
                     continue
                 index += 1
@@ -69,6 +84,23 @@ class StreamedText:
                     self._shown = index
         self._decoded = len(tokens)
         return self.text
+
+
+def answer_text(tokenizer: Any, prompt_ids: Sequence[int], new_ids: Sequence[int]) -> str:
+    """The text `new_ids` add to the prompt's: both decoded together, the prompt's text cut
+    off (transformers' text-generation pipeline's answer without the prompt), decoding only
+    the prompt's last CONTEXT_TOKENS."""
+    context = list(prompt_ids[-CONTEXT_TOKENS:])
+    return _read_on(tokenizer, context, _decoded(tokenizer, context), new_ids)
+
+
+def _read_on(tokenizer: Any, context: list[int], before: str, new_ids: Sequence[int]) -> str:
+    """The text of `new_ids` after `context`, whose own text is `before`."""
+    return _decoded(tokenizer, [*context, *new_ids])[len(before) :]
+
+
+def _decoded(tokenizer: Any, ids: list[int]) -> str:
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _cleans_up(tokenizer: Any) -> bool:
@@ -85,7 +117,8 @@ def _cleans_up(tokenizer: Any) -> bool:
     return not bpe or forced is not False
 
 
-def _decode_stream() -> Any:
+def _decode_stream(context: list[int]) -> Any:
+    """A stream whose first text is what its first token adds to `context`'s."""
     from tokenizers.decoders import DecodeStream
 
-    return DecodeStream(skip_special_tokens=True)
+    return DecodeStream(ids=context, skip_special_tokens=True)
