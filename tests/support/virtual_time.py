@@ -7,8 +7,9 @@ timers.
 The clock stands still while anything is ready to run; when nothing is, it jumps to the next
 timer. So code takes no time, and a sleep, a timeout or a stand-in model's batch takes
 exactly what it says however loaded the machine is: a test can hold timing decisions to the
-microsecond, and runs as fast as the code does. Only for code that waits on nothing but
-timers and itself: the clock does not wait for sockets or threads (they are still polled).
+microsecond, and runs as fast as the code does; `spend` stands for code that takes a while.
+Only for code that waits on nothing but timers and itself: the clock does not wait for
+sockets or threads (they are still polled).
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._skipping.now
+
+    def spend(self, seconds: float) -> None:
+        self._skipping.now += seconds
+
+
+def spend(seconds: float) -> None:
+    """The code running now takes `seconds`, as a busy turn of the loop does: the clock moves
+    on."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, VirtualTimeLoop), "not on virtual time"
+    loop.spend(seconds)
 
 
 def on_virtual_time(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
