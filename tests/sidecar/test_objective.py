@@ -9,13 +9,14 @@ than 0.2 s to go. Requests come 0.05 s after it started: a loaded machine has 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Iterator
 
 import aiohttp
 import pytest
 from support.model_server import SUPPORT_DIR
-from support.sidecar import Pair, infer, metric, run_pair, until, v2_body
+from support.sidecar import Pair, infer, metric, run_pair, until, v2_body, wait_for
 
 from carpool.engine.batcher import DRAIN_GAUGE_S
 
@@ -76,12 +77,14 @@ async def test_the_drain_gauge_reads_the_work_ahead(
     sidecar = pair.sidecar
     assert (await infer(http, sidecar, [[1, 1, 1, 1]]))[0] == 200
     blocker = asyncio.create_task(infer(http, sidecar, [[0, 0, 0, 0]]))
-    await until(sidecar, "carpool_inflight_batches", 1)
-    # The gauge is written at most every DRAIN_GAUGE_S while work runs: the arrival after
-    # that writes it (sooner, on a loaded machine, it still read the blocker's rest alone).
+    # The gauge is written at most every DRAIN_GAUGE_S while work runs: the arrival that
+    # long after it showed the blocker writes it (sooner, it would still read the blocker's
+    # rest alone; the blocker's launch is no mark: the sidecar may write the gauge later).
+    drain = functools.partial(metric, sidecar, "carpool_queue_drain_seconds")
+    await asyncio.to_thread(wait_for, lambda: drain() > 0, 10.0, "the blocker's drain shown")
     await asyncio.sleep(DRAIN_GAUGE_S)
     queued = asyncio.create_task(infer(http, sidecar, [[2, 2, 2, 2]]))
     await until(sidecar, "carpool_queue_items", 1)
     # The running batch's rest and the queued one's time.
-    assert BATCH_S < metric(sidecar, "carpool_queue_drain_seconds") < 2 * BATCH_S + 0.05
+    assert BATCH_S < drain() < 2 * BATCH_S + 0.05
     assert [status for status, _ in await asyncio.gather(blocker, queued)] == [200, 200]
