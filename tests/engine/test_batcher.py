@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
+from support.virtual_time import EXACT_S, on_virtual_time, spend
 
 from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.batcher import Batcher
@@ -70,7 +70,9 @@ class Harness:
         self.registry = CollectorRegistry()
         self.metrics = SidecarMetrics(self.registry, "m")
         self.model = Model()
-        self.batcher = Batcher(BatchingSettings(**settings), self.model, self.metrics)
+        self.batcher = Batcher(
+            BatchingSettings(**settings), self.model, self.metrics, asyncio.get_running_loop().time
+        )
 
     def request(
         self,
@@ -324,6 +326,7 @@ async def test_drain_sends_everything_then_refuses() -> None:
             await h.request(9.0)
 
 
+@on_virtual_time
 async def test_next_batch_waits_for_the_window_while_one_runs() -> None:
     async with Harness(max_wait_ms=50, max_batch_size=8, max_inflight_batches=2) as h:
         h.model.gate.clear()
@@ -331,14 +334,16 @@ async def test_next_batch_waits_for_the_window_while_one_runs() -> None:
         await h.model.started.wait()
         second = h.request(1.0)
         await settle()
+        await asyncio.sleep(0.049)
         assert len(h.model.batches) == 1  # held: a batch is running and this one is not full
-        await asyncio.sleep(0.2)
-        assert h.model.batches == [[0.0], [1.0]]  # sent when its window closed
+        await asyncio.sleep(0.002)
+        assert h.model.batches == [[0.0], [1.0]]  # sent as its 50 ms window closed
         h.model.gate.set()
         await asyncio.gather(blocker, second)
         assert h.batches("idle") == 1 and h.batches("timeout") == 1
 
 
+@on_virtual_time
 async def test_inflight_batches_are_capped() -> None:
     async with Harness(max_batch_size=1, max_inflight_batches=2) as h:
         h.model.gate.clear()
@@ -498,14 +503,14 @@ async def test_a_lone_caller_is_answered_before_its_batch_is_learned() -> None:
         assert learned == 1
 
 
-@pytest.mark.serial
+@on_virtual_time
 async def test_the_model_time_learned_leaves_out_the_callers_turn() -> None:
     """The callers answered first may hold the loop a while (writing their answers); the
     batch's time at the model does not grow by it."""
     async with Harness(max_wait_ms=10_000) as h:
         deadline = asyncio.get_running_loop().time() + 5
         await h.batcher.submit(items(1.0), KEY, deadline)
-        time.sleep(0.05)  # noqa: ASYNC251 - the caller holds the loop in its turn
+        spend(0.05)  # the caller holds the loop in its turn
         await settle()
         took = h.registry.get_sample_value("carpool_model_duration_seconds_sum", {"model": "m"})
-        assert took is not None and took < 0.04
+        assert took is not None and took < EXACT_S

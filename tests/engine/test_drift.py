@@ -90,7 +90,7 @@ def test_a_late_spell_is_forgotten_within_seconds(answers_per_s: int) -> None:
     for _ in range(4):
         for size in (1, 2):
             clock = run(timeline, clock, size, 0.120)
-    queue = BatchQueue(SidecarMetrics(CollectorRegistry(), "m"), lambda: None)
+    queue = BatchQueue(SidecarMetrics(CollectorRegistry(), "m"), lambda: None, lambda: clock)
     objective = Objective(timeline, queue)
     limits = Limits(BatchingSettings(latency_objective_ms=1000 * OBJECTIVE_S, max_batch_size=8))
     key = BatchKey(None)

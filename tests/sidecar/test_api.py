@@ -363,7 +363,7 @@ async def test_deadline_counts_from_arrival_not_from_the_parsed_body(sidecar: Si
 
     async def slow_body() -> AsyncIterator[bytes]:
         yield body[:10]
-        await asyncio.sleep(0.5)  # the client takes longer to send than its deadline allows
+        await asyncio.sleep(2.0)  # the client takes longer to send than its deadline allows
         yield body[10:]
 
     headers = {"X-Carpool-Timeout-Ms": "200", "Content-Length": str(len(body))}
@@ -376,7 +376,9 @@ async def test_deadline_counts_from_arrival_not_from_the_parsed_body(sidecar: Si
         assert reply.status == 408, await reply.text()
         assert "deadline" in (await reply.json())["error"]
         assert reply.headers["Connection"] == "close"
-    assert time.monotonic() - started < 0.45
+    # Near its 200 ms deadline, long before the body's end (with time to spare for a loaded
+    # machine's timers).
+    assert time.monotonic() - started < 1.5
 
 
 async def test_a_body_arriving_in_pieces_is_read_whole(sidecar: Sidecar) -> None:

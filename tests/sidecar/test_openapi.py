@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 import pytest
 from jsonschema import Draft202012Validator
-from support.sidecar import Sidecar, get, run_sidecar, wait_for
+from support.sidecar import Sidecar, get, run_sidecar, until, wait_for
 
 from carpool.contract import wire
 from carpool.processes import free_port
@@ -169,7 +169,7 @@ async def queue_full(
     held = asyncio.create_task(send(http, world, path, make(HOLD)))
     await asyncio.to_thread(model.holding.wait, 5)
     filler = asyncio.create_task(send(http, world, path, make(*[ECHO] * 8)))
-    await asyncio.sleep(0.3)
+    await until(world.sidecar, "carpool_queue_items", 8)
     status, reply, response = await send(http, world, path, make(ECHO))
     retry_after = int(response.headers["Retry-After"])
     model.release.set()
@@ -307,9 +307,9 @@ async def test_priority_is_served_first(world: World) -> None:
         held = asyncio.create_task(send(http, world, path, v2(HOLD)))
         await asyncio.to_thread(world.model.holding.wait, 5)
         low = asyncio.create_task(send(http, world, path, v2(*[ECHO] * 4)))
-        await asyncio.sleep(0.2)
+        await until(world.sidecar, "carpool_queue_items", 4)
         high = asyncio.create_task(send(http, world, path, v2(*[SLOW] * 3, priority=1)))
-        await asyncio.sleep(0.2)
+        await until(world.sidecar, "carpool_queue_items", 7)
         world.model.release.set()
         assert [(await task)[0] for task in (held, low, high)] == [200, 200, 200]
     # Both wait behind the held batch, then share the next one, the later request first.

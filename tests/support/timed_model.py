@@ -7,16 +7,15 @@ It runs batches one at a time, as the model server's single worker thread does (
 at a time), `hop_s` away (half there, half back), and answers with the model server's timing
 (`BatchTiming`). `slow` gives chosen batches (by their order at the worker) a time of their
 own, and with `first_run_s` the first batch of each size takes that long, as a GPU's first
-run of a shape does: outliers. Items are the times (`time.monotonic`) their callers
-submitted them at, so a test can tell when the model could have started each batch. Callers
-of `load` submit one item, wait for it, and come back after a short turnaround, for a
-bounded time.
+run of a shape does: outliers. Items are the times their callers submitted them at, so a
+test can tell when the model could have started each batch. Callers of `load` submit one
+item, wait for it, and come back after a short turnaround, for a bounded time. Every time is
+the running loop's (`time.monotonic` on asyncio's, or `virtual_time`'s), the engine's too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,6 +31,10 @@ from carpool.engine.settings import BatchingSettings
 KEY = BatchKey(("x",))
 # An engine whose items are the times their callers submitted them, answered with themselves.
 Engine = Batcher[float, float]
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +77,14 @@ class TimedModel:
     async def send(
         self, items: Sequence[float], timeout_s: float
     ) -> tuple[list[float], BatchTiming]:
-        sent = time.monotonic()
+        sent = now()
         self.at_server += 1
         self.most_at_server = max(self.most_at_server, self.at_server)
         try:
             await asyncio.sleep(self.hop_s / 2)
-            arrived = time.monotonic()
+            arrived = now()
             async with self._lanes:
-                started = time.monotonic()
+                started = now()
                 index = len(self.ran)
                 self.ran.append(Ran(len(items), min(items), sent, started, started))
                 took = self.fixed_s + self.per_item_s * len(items)
@@ -89,12 +92,12 @@ class TimedModel:
                     took = self._first_run_s
                 took = self._slow.get(index, took)
                 await asyncio.sleep(took)
-                finished = time.monotonic()
+                finished = now()
                 self.ran[index] = Ran(len(items), min(items), sent, started, finished)
             await asyncio.sleep(self.hop_s / 2)
         finally:
             self.at_server -= 1
-        self.answered_at.append(time.monotonic())
+        self.answered_at.append(now())
         # As the model server does: the wait for a lane and the time on it.
         return list(items), self._told or BatchTiming(started - arrived, finished - started)
 
@@ -120,6 +123,7 @@ async def running(model: TimedModel, **settings: object) -> AsyncIterator[Served
         BatchingSettings(**{"dispatch": "timed", **settings}),  # type: ignore[arg-type]
         model,
         SidecarMetrics(registry, "m"),
+        asyncio.get_running_loop().time,
     )
     dispatcher = asyncio.create_task(batcher.run())
     try:
@@ -133,13 +137,13 @@ async def load(
     served: Served, callers: int, seconds: float, turnaround_s: float = 0.001
 ) -> list[float]:
     """Closed-loop callers for `seconds`: their requests' latencies."""
-    end = time.monotonic() + seconds
+    end = now() + seconds
     latencies: list[float] = []
 
     async def caller(number: int) -> None:
-        while (started := time.monotonic()) < end:
+        while (started := now()) < end:
             await served.batcher.submit([started], KEY, started + 30)
-            latencies.append(time.monotonic() - started)
+            latencies.append(now() - started)
             # Callers come back spread out, as over real connections.
             await asyncio.sleep(turnaround_s * (1 + number % 4))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,11 +59,15 @@ class Group:
 
 
 class BatchQueue:
-    """Every queued request, by group; `on_change` hears when a request leaves with items unsent."""
+    """Every queued request, by group; `on_change` hears when a request leaves with items unsent;
+    `clock` is the engine's."""
 
-    def __init__(self, metrics: SidecarMetrics, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self, metrics: SidecarMetrics, on_change: Callable[[], None], clock: Callable[[], float]
+    ) -> None:
         self._metrics = metrics
         self._on_change = on_change
+        self._clock = clock
         self._groups: dict[BatchKey, Group] = {}
         self.items = 0  # unsent items of waiting requests, across groups
         self.bytes = 0  # data of requests with unsent items, across groups
@@ -140,7 +143,7 @@ class BatchQueue:
         left without waiting requests goes, with whatever it still holds."""
         if request.sent == 0:
             # Left the queue unsent (expired, cancelled, shut down): its wait shows overload.
-            self._metrics.queue_wait.observe(time.monotonic() - request.enqueued_at)
+            self._metrics.queue_wait.observe(self._clock() - request.enqueued_at)
         self._release(request)
         unsent = request.unsent
         request.sent = len(request.items)

@@ -6,7 +6,7 @@ its answer frees the model; each batch goes to the sender in its own task, at mo
 `max_inflight_batches` at a time; `execution` fans the answers, or one error, back out to
 the callers. The window of a forming batch opens at its first item. Its clock is
 `time.monotonic`: uvloop's `loop.time()` counts whole milliseconds, and a fast device's
-batch takes two or three.
+batch takes two or three. A test may give it another, the clock of its loop's timers.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic
 
 from carpool.engine import execution
@@ -51,7 +51,9 @@ class Batcher(Generic[ItemT, ResultT]):
         settings: BatchingSettings,
         sender: BatchSender[ItemT, ResultT],
         metrics: SidecarMetrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock
         self._limits = Limits(settings)
         self._sender = sender
         self._metrics = metrics
@@ -59,7 +61,7 @@ class Batcher(Generic[ItemT, ResultT]):
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._queue = BatchQueue(metrics, self._changed)
+        self._queue = BatchQueue(metrics, self._changed, clock)
         self._throughput = ThroughputWindow()
         self._timeline = ModelTimeline()
         self._arrivals = Arrivals()
@@ -115,7 +117,7 @@ class Batcher(Generic[ItemT, ResultT]):
 
     def retry_after_s(self) -> int:
         """Seconds until the queue has likely drained, from throughput of the last seconds."""
-        return self._throughput.retry_after_s(self._queue.items, time.monotonic())
+        return self._throughput.retry_after_s(self._queue.items, self._clock())
 
     async def submit(
         self,
@@ -131,10 +133,10 @@ class Batcher(Generic[ItemT, ResultT]):
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
         `priority` is a level as Triton's (`carpool.engine.priority`: 1 the highest, 0 the
-        default). `deadline` is in loop time (the clock of `time.monotonic`); `lengths` are
-        the items' lengths when they vary (for the padding metric); `nbytes` is what their
-        data holds; `arrived_at` when the request reached the front, which a latency
-        objective counts from (default: now).
+        default). `deadline` is on the engine's clock, which the loop's timers share;
+        `lengths` are the items' lengths when they vary (for the padding metric); `nbytes` is
+        what their data holds; `arrived_at` when the request reached the front, which a
+        latency objective counts from (default: now).
         Cancelling the caller (client gone) cancels its entry; its unsent items are then never
         sent.
         """
@@ -151,7 +153,7 @@ class Batcher(Generic[ItemT, ResultT]):
                 f"limits {limit} items and {byte_limit} bytes",
                 self.retry_after_s(),
             )
-        now = time.monotonic()
+        now = self._clock()
         if deadline <= now:
             # Reading and parsing the body took the whole deadline.
             raise DeadlineExceeded("deadline passed before the request was queued")
@@ -191,14 +193,14 @@ class Batcher(Generic[ItemT, ResultT]):
         except asyncio.CancelledError:
             if task is None or task.cancelling() > cancelling:
                 raise
-            waited_ms = 1000 * (time.monotonic() - now)
+            waited_ms = 1000 * (self._clock() - now)
             raise DeadlineExceeded(
                 f"deadline passed after {waited_ms:.0f} ms in the sidecar's queue"
             ) from None
         finally:
             expiry.cancel()
         if predicted is not None:
-            self._objective.answered(predicted, time.monotonic())
+            self._objective.answered(predicted, self._clock())
         return results
 
     async def run(self) -> None:
@@ -227,7 +229,7 @@ class Batcher(Generic[ItemT, ResultT]):
         """Send a batch if one should leave now (then look again AT_ONCE, once its task has
         written it), else when to look again (None: on an event)."""
         while True:
-            now = time.monotonic()
+            now = self._clock()
             limits = self._objective.limits(self._limits)
             decision = decide(
                 self._queue.groups(),
@@ -329,7 +331,7 @@ class Batcher(Generic[ItemT, ResultT]):
     def _launch(self, parts: list[AnyPart], reason: str, key: BatchKey, taken_at: float) -> None:
         items = execution.batch_items(parts)
         self._inflight += 1
-        token = self._timeline.sent(len(items), key.bucket, time.monotonic())
+        token = self._timeline.sent(len(items), key.bucket, self._clock())
         task = asyncio.create_task(self._run_batch(parts, items, token))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -348,7 +350,7 @@ class Batcher(Generic[ItemT, ResultT]):
             self._metrics.padding_ratio.observe(ratio)
 
     async def _run_batch(self, parts: list[AnyPart], items: list[ItemT], token: int) -> None:
-        started = time.monotonic()
+        started = self._clock()
         # Deadlines are loop time, whose timers the sender's timeout runs on: measured on that
         # clock, the batch gives up no earlier than its last caller, who hears 504, not 503.
         timeout_s = max(part.request.deadline for part in parts) - self._loop.time()
@@ -356,7 +358,7 @@ class Batcher(Generic[ItemT, ResultT]):
         finished = None
         try:
             answer = await execution.execute(self._sender, parts, items, timeout_s)
-            finished = time.monotonic()
+            finished = self._clock()
             if answer is not None:
                 # Only answered batches tell how fast the queue drains (for Retry-After).
                 self._throughput.record(started, finished, len(items))
@@ -369,7 +371,7 @@ class Batcher(Generic[ItemT, ResultT]):
                     await asyncio.sleep(0)
         finally:
             if finished is None:  # cancelled
-                finished = time.monotonic()
+                finished = self._clock()
             timing = answer[1] if answer is not None else None
             self._timeline.answered(token, finished, timing, learn=answer is not None)
             self._arrivals.pace(self._timeline.worker.pooled.predict(len(items)))
