@@ -245,12 +245,15 @@ async def test_wrong_length_result_fails_the_whole_batch(tmp_path: Path) -> None
 
 
 async def test_sigterm_finishes_the_batch_in_flight(tmp_path: Path) -> None:
+    started = tmp_path / "started"
     env = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "1.0"}
+    env["CARPOOL_TEST_INFER_STARTED"] = str(started)
     with run_model_server(
         tmp_path, "model_handlers:SlowInferHandler", "--warmup-sizes", "none", env=env
     ) as server:
         pending = asyncio.create_task(post_batch(server, [toy_item(1, 2, 3, 4)]))
-        await asyncio.sleep(0.4)
+        # The SIGTERM comes while the batch is on the model, however slow the machine.
+        await asyncio.to_thread(_wait_for, started.exists)
         server.process.terminate()
         results = await pending
         assert output_of(results[0]) == [3, 5, 7, 9]

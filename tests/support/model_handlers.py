@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,9 +29,12 @@ class SlowLoadHandler(ToyHandler):
 
 
 class SlowInferHandler(ToyHandler):
-    """The toy model, with each batch taking CARPOOL_TEST_INFER_S seconds (default 0.2)."""
+    """The toy model, with each batch taking CARPOOL_TEST_INFER_S seconds (default 0.2); a
+    batch's start creates the file CARPOOL_TEST_INFER_STARTED names, where one is named."""
 
     def infer(self, batch: torch.Tensor) -> torch.Tensor:
+        if started := os.environ.get("CARPOOL_TEST_INFER_STARTED"):
+            Path(started).touch()
         time.sleep(float(os.environ.get("CARPOOL_TEST_INFER_S", "0.2")))
         return super().infer(batch)
 
