@@ -97,7 +97,7 @@ class AnswerBudget:
             raise Unavailable(
                 f"{self.unsent} bytes of answers are waiting to be sent, the limit is "
                 f"{self.max_unsent_bytes}; retry shortly",
-                headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+                retry_after_s=BUSY_RETRY_AFTER_S,
             )
         self.unsent += nbytes
 
