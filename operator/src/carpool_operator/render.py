@@ -30,6 +30,7 @@ from carpool.contract.pod import (
 # DEFAULT_IMAGE: re-exported, the image a model gets when neither it nor the operator names one.
 from carpool_operator.defaults import DEFAULT_IMAGE as DEFAULT_IMAGE
 from carpool_operator.defaults import Defaults
+from carpool_operator.names import API_VERSION, KIND
 from carpool_operator.probes import startup_probe
 from carpool_operator.rollout import strategy
 from carpool_operator.spec import ModelSpec, parse
@@ -37,9 +38,6 @@ from carpool_operator.termination import grace_period, pre_stop
 from carpool_operator.types import Manifest
 from carpool_operator.weights import storage_fetcher, storage_volumes
 
-GROUP = "carpool.dev"
-VERSION = "v1alpha1"
-KIND = "BatchedModel"
 MANAGED_BY = "carpool"
 
 # After SIGTERM the sidecar sends what it queued for up to DRAIN_SECONDS; the model server
@@ -95,7 +93,7 @@ def _metadata(spec: ModelSpec, name: str) -> Manifest:
     if spec.uid:  # absent when rendering a file that never met an API server
         metadata["ownerReferences"] = [
             {
-                "apiVersion": f"{GROUP}/{VERSION}",
+                "apiVersion": API_VERSION,
                 "kind": KIND,
                 "name": spec.name,
                 "uid": spec.uid,
