@@ -19,6 +19,8 @@ from carpool.contract.pod import (
     METRICS_PORT,
     MODEL_SERVER_COMMAND,
     MODEL_SERVER_URL,
+    QUEUE_DRAIN_METRIC,
+    QUEUE_ITEMS_METRIC,
     SIDECAR_COMMAND,
     SIDECAR_PORT,
     SOCKET_DIR,
@@ -369,10 +371,10 @@ def pod_disruption_budget(spec: ModelSpec) -> Manifest:
 def horizontal_pod_autoscaler(spec: ModelSpec) -> Manifest:
     scaling = spec.autoscaling
     # Per pod, averaged over the pods; with two, the HPA follows whichever asks for more.
-    targets = [("carpool_queue_items", str(scaling.target_queue_items_per_pod))]
+    targets = [(QUEUE_ITEMS_METRIC, str(scaling.target_queue_items_per_pod))]
     if scaling.target_queue_drain_ms:
         # A quantity of seconds, in thousandths.
-        targets.append(("carpool_queue_drain_seconds", f"{scaling.target_queue_drain_ms}m"))
+        targets.append((QUEUE_DRAIN_METRIC, f"{scaling.target_queue_drain_ms}m"))
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",

@@ -29,6 +29,10 @@ DRAIN_SECONDS: Final = 30
 # load balancers stop sending before it stops listening; then it drains (DRAIN_SECONDS), so
 # the pod's grace period must cover both.
 DRAIN_DELAY_SECONDS: Final = 5
+# The sidecar's gauges that its pods' HorizontalPodAutoscaler scales on, averaged per pod
+# (the chart's custom-metrics adapter rules serve them).
+QUEUE_ITEMS_METRIC: Final = "carpool_queue_items"
+QUEUE_DRAIN_METRIC: Final = "carpool_queue_drain_seconds"
 
 MODEL_SERVER_COMMAND: Final = ("carpool", "model-server")
 SIDECAR_COMMAND: Final = ("carpool", "sidecar")
