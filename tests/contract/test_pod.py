@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import pytest
@@ -24,8 +24,10 @@ from carpool.contract.pod import (
     SOCKET_PATH,
 )
 from carpool_model_server import config as model_server_config
+from carpool_model_server.app import probe_app
 from carpool_model_server.main import command as model_server_command
 from carpool_operator.render import render
+from carpool_sidecar.app import ROUTES
 from carpool_sidecar.main import command as sidecar_command
 
 BODY = {
@@ -85,6 +87,28 @@ def test_the_sidecar_listens_where_its_container_ports_point() -> None:
     options = parse(sidecar_command, sidecar["command"])
     ports = {port["name"]: port["containerPort"] for port in sidecar["ports"]}
     assert ports == {"http": options["port"], "grpc": options["grpc_port"]}
+
+
+def test_the_pods_probes_and_scrapes_ask_for_paths_its_containers_serve() -> None:
+    body = {**BODY, "spec": {**BODY["spec"], "monitoring": {"podMonitor": True}}}
+    children = {m["kind"]: m for m in render(body, podmonitor_api=True)}
+    endpoints = children["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    containers = children["Deployment"]["spec"]["template"]["spec"]["containers"]
+    model_server = probe_app(cast(Any, None))  # its routes only: nothing is served
+    served = {
+        "model-server": {r.resource.canonical for r in model_server.router.routes() if r.resource},
+        "sidecar": {path for method, path, *_ in ROUTES if method == "GET"},
+    }
+    for container in containers:
+        asked = {
+            container[probe]["httpGet"]["path"]
+            for probe in ("livenessProbe", "readinessProbe", "startupProbe")
+            if probe in container
+        }
+        ports = {port["name"] for port in container["ports"]}
+        asked |= {endpoint["path"] for endpoint in endpoints if endpoint["port"] in ports}
+        assert len(asked) == 3, (container["name"], asked)  # live, ready, metrics
+        assert asked <= served[container["name"]], container["name"]
 
 
 def test_a_sidecar_without_grpc_is_told_so() -> None:

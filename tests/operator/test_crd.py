@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from carpool.contract.batching import Batching
+from carpool_operator import names
 from carpool_operator.schema import apply_defaults, validate
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "crds" / "batchedmodels.carpool.dev.yaml"
+CRD_FILE = ROOT / "crds" / names.CRD_FILE
 CRD = yaml.safe_load(CRD_FILE.read_text())
 VERSION = CRD["spec"]["versions"][0]
 SCHEMA = VERSION["schema"]["openAPIV3Schema"]
@@ -35,6 +36,18 @@ def test_crd_is_a_valid_kubernetes_object() -> None:
     kubernetes_validate.validate(CRD, "1.35.0", strict=True)
     assert CRD["spec"]["names"]["shortNames"] == ["bm"]
     assert VERSION["subresources"] == {"status": {}}
+
+
+def test_the_operator_watches_and_owns_by_the_names_the_crd_declares() -> None:
+    spec = CRD["spec"]
+    assert (spec["group"], spec["names"]["kind"], spec["names"]["plural"]) == (
+        names.GROUP,
+        names.KIND,
+        names.PLURAL,
+    )
+    assert CRD["metadata"]["name"] == f"{names.PLURAL}.{names.GROUP}"
+    (storage,) = [version["name"] for version in spec["versions"] if version["storage"]]
+    assert storage == names.VERSION
 
 
 def test_every_spec_field_is_described_and_bounded() -> None:

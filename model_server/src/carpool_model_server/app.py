@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from carpool.contract import wire
+from carpool.contract.pod import METRICS_PATH, MODEL_SERVER_LIVE_PATH, MODEL_SERVER_READY_PATH
 from carpool_model_server.errors import ServerError
 from carpool_model_server.service import ModelService
 
@@ -73,10 +74,10 @@ async def metrics(request: web.Request) -> web.Response:
 def probe_app(service: ModelService, client_max_size: int = 1024**2) -> web.Application:
     app = web.Application(middlewares=[errors_to_json], client_max_size=client_max_size)
     app[SERVICE] = service
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get(MODEL_SERVER_LIVE_PATH, healthz)
+    app.router.add_get(MODEL_SERVER_READY_PATH, readyz)
     app.router.add_get("/metadata", metadata)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get(METRICS_PATH, metrics)
     return app
 
 

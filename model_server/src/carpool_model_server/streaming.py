@@ -18,16 +18,12 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from carpool.contract import frames, wire
-from carpool.contract.generation import TEXT_OUTPUT
+from carpool.contract.generation import FIRST_TOKEN_BUCKETS, TEXT_OUTPUT, TOKEN_GAP_BUCKETS
 from carpool.contract.wire import BYTES, Item, ItemResult, Tensor
 from carpool_model_server.errors import BadRequest, InvalidItem
 
 if TYPE_CHECKING:
     from carpool_model_server.continuous import LoopState, Piece
-
-# Time to first token: from the frame's arrival; between tokens: from piece to piece.
-FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 @runtime_checkable

@@ -21,7 +21,8 @@ from kopf._cogs.structs.references import NamespaceName, match_namespace
 
 from carpool_operator.informer import Informer, OnChange, State
 from carpool_operator.kube import KubeClient
-from carpool_operator.render import KIND, MANAGED_BY
+from carpool_operator.names import KIND
+from carpool_operator.render import MANAGED_BY
 from carpool_operator.types import Manifest
 
 # What carpool makes carries this label: the API server filters the watches by it, so a

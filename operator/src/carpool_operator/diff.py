@@ -18,11 +18,12 @@ import json
 from typing import Any
 
 from carpool_operator.merge_keys import item_key
+from carpool_operator.names import DOMAIN
 from carpool_operator.quantity import canonical
 from carpool_operator.types import Manifest
 
 # On every child: the digest of the manifest last applied (see `digest`).
-APPLIED_ANNOTATION = "carpool.dev/applied-digest"
+APPLIED_ANNOTATION = f"{DOMAIN}/applied-digest"
 
 # Where resource quantities live, which the API server canonicalises.
 _QUANTITY_MAPS = {"limits", "requests"}

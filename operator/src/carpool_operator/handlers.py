@@ -17,14 +17,12 @@ from carpool_operator.cache import Cache
 from carpool_operator.defaults import Defaults
 from carpool_operator.kube import KubeClient
 from carpool_operator.metrics import OperatorMetrics
+from carpool_operator.names import API_VERSION, DOMAIN, GROUP, KIND, PLURAL, VERSION
 from carpool_operator.reconcile import Runtime, reconcile
-from carpool_operator.render import GROUP, KIND, VERSION
 from carpool_operator.resync import resync_forever
 from carpool_operator.triggers import Triggers
 from carpool_operator.types import Manifest
 
-PLURAL = "batchedmodels"
-DOMAIN = "carpool.dev"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
@@ -43,7 +41,7 @@ def models_of(kind: str, found: Manifest) -> list[tuple[str, str]]:
     return [
         (namespace, str(owner["name"]))
         for owner in metadata.get("ownerReferences") or []
-        if owner.get("kind") == KIND and owner.get("apiVersion") == f"{GROUP}/{VERSION}"
+        if owner.get("kind") == KIND and owner.get("apiVersion") == API_VERSION
     ]
 
 

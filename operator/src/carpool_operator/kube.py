@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import aiohttp
 import kopf
 
+from carpool_operator.names import GROUP, KIND, PLURAL, VERSION
 from carpool_operator.types import Manifest
 
 USER_AGENT = "carpool-operator/0.1.0"
@@ -68,7 +69,7 @@ RESOURCES: dict[str, Resource] = {
     "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets"),
     "HorizontalPodAutoscaler": Resource("autoscaling", "v2", "horizontalpodautoscalers"),
     "PodMonitor": Resource("monitoring.coreos.com", "v1", "podmonitors"),
-    "BatchedModel": Resource("carpool.dev", "v1alpha1", "batchedmodels"),
+    KIND: Resource(GROUP, VERSION, PLURAL),
     "Event": Resource("", "v1", "events"),
     "Pod": Resource("", "v1", "pods"),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from carpool.contract.pod import MODEL_SERVER_READY_PATH
 from carpool_operator.types import Manifest
 
 PERIOD_S = 5
@@ -18,7 +19,7 @@ DEFAULT_LOAD_TIMEOUT_S = 600
 
 def startup_probe(load_timeout_s: int, port: str) -> Manifest:
     return {
-        "httpGet": {"path": "/readyz", "port": port},
+        "httpGet": {"path": MODEL_SERVER_READY_PATH, "port": port},
         "periodSeconds": PERIOD_S,
         "failureThreshold": max(1, math.ceil(load_timeout_s / PERIOD_S)),
     }

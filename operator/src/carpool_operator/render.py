@@ -16,11 +16,18 @@ from carpool.contract.pod import (
     CONFIG_FILE,
     DRAIN_SECONDS,
     GRPC_PORT,
+    METRICS_PATH,
     METRICS_PORT,
     MODEL_SERVER_COMMAND,
+    MODEL_SERVER_LIVE_PATH,
+    MODEL_SERVER_READY_PATH,
     MODEL_SERVER_URL,
+    QUEUE_DRAIN_METRIC,
+    QUEUE_ITEMS_METRIC,
     SIDECAR_COMMAND,
+    SIDECAR_LIVE_PATH,
     SIDECAR_PORT,
+    SIDECAR_READY_PATH,
     SOCKET_DIR,
     SOCKET_PATH,
     ModelServerFlag,
@@ -30,6 +37,7 @@ from carpool.contract.pod import (
 # DEFAULT_IMAGE: re-exported, the image a model gets when neither it nor the operator names one.
 from carpool_operator.defaults import DEFAULT_IMAGE as DEFAULT_IMAGE
 from carpool_operator.defaults import Defaults
+from carpool_operator.names import API_VERSION, KIND
 from carpool_operator.probes import startup_probe
 from carpool_operator.rollout import strategy
 from carpool_operator.spec import ModelSpec, parse
@@ -37,9 +45,6 @@ from carpool_operator.termination import grace_period, pre_stop
 from carpool_operator.types import Manifest
 from carpool_operator.weights import storage_fetcher, storage_volumes
 
-GROUP = "carpool.dev"
-VERSION = "v1alpha1"
-KIND = "BatchedModel"
 MANAGED_BY = "carpool"
 
 # After SIGTERM the sidecar sends what it queued for up to DRAIN_SECONDS; the model server
@@ -95,7 +100,7 @@ def _metadata(spec: ModelSpec, name: str) -> Manifest:
     if spec.uid:  # absent when rendering a file that never met an API server
         metadata["ownerReferences"] = [
             {
-                "apiVersion": f"{GROUP}/{VERSION}",
+                "apiVersion": API_VERSION,
                 "kind": KIND,
                 "name": spec.name,
                 "uid": spec.uid,
@@ -160,12 +165,12 @@ def _model_server(spec: ModelSpec) -> Manifest:
         "command": command,
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": "metrics"},
+            "httpGet": {"path": MODEL_SERVER_READY_PATH, "port": "metrics"},
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "httpGet": {"path": MODEL_SERVER_LIVE_PATH, "port": "metrics"},
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
@@ -210,12 +215,12 @@ def _sidecar(spec: ModelSpec) -> Manifest:
         "command": command,
         "ports": ports,
         "readinessProbe": {
-            "httpGet": {"path": "/v2/health/ready", "port": "http"},
+            "httpGet": {"path": SIDECAR_READY_PATH, "port": "http"},
             "periodSeconds": 5,
             "failureThreshold": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/v2/health/live", "port": "http"},
+            "httpGet": {"path": SIDECAR_LIVE_PATH, "port": "http"},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
@@ -371,10 +376,10 @@ def pod_disruption_budget(spec: ModelSpec) -> Manifest:
 def horizontal_pod_autoscaler(spec: ModelSpec) -> Manifest:
     scaling = spec.autoscaling
     # Per pod, averaged over the pods; with two, the HPA follows whichever asks for more.
-    targets = [("carpool_queue_items", str(scaling.target_queue_items_per_pod))]
+    targets = [(QUEUE_ITEMS_METRIC, str(scaling.target_queue_items_per_pod))]
     if scaling.target_queue_drain_ms:
         # A quantity of seconds, in thousandths.
-        targets.append(("carpool_queue_drain_seconds", f"{scaling.target_queue_drain_ms}m"))
+        targets.append((QUEUE_DRAIN_METRIC, f"{scaling.target_queue_drain_ms}m"))
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -409,8 +414,8 @@ def pod_monitor(spec: ModelSpec) -> Manifest:
         "spec": {
             "selector": {"matchLabels": selector_labels(spec)},
             "podMetricsEndpoints": [
-                {"port": "http", "path": "/metrics"},
-                {"port": "metrics", "path": "/metrics"},
+                {"port": "http", "path": METRICS_PATH},
+                {"port": "metrics", "path": METRICS_PATH},
             ],
         },
     }

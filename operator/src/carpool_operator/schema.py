@@ -32,13 +32,13 @@ import yaml
 from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
-# The CRD, shipped with the package (a link to crds/ in the repository).
-_CRD_FILE = "batchedmodels.carpool.dev.yaml"
+from carpool_operator.names import CRD_FILE
 
 
 @functools.cache
 def crd() -> dict[str, Any]:
-    text = importlib.resources.files("carpool_operator").joinpath(_CRD_FILE).read_text()
+    # Shipped with the package (a link to crds/ in the repository).
+    text = importlib.resources.files("carpool_operator").joinpath(CRD_FILE).read_text()
     loaded: dict[str, Any] = yaml.safe_load(text)
     return loaded
 

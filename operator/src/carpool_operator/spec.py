@@ -145,14 +145,14 @@ def _weights(model: Mapping[str, Any]) -> Weights:
         return Weights(
             kind="pvc",
             claim_name=str(pvc.get("claimName", "")),
-            mount_path=str(pvc.get("mountPath", "/models")),
-            read_only=bool(pvc.get("readOnly", True)),
+            mount_path=str(pvc.get("mountPath", Weights.mount_path)),
+            read_only=bool(pvc.get("readOnly", Weights.read_only)),
         )
     if "storageUri" in weights:
         return Weights(
             kind="storage",
             url=str(weights["storageUri"]),
-            mount_path=str(weights.get("mountPath", "/models")),
+            mount_path=str(weights.get("mountPath", Weights.mount_path)),
             secret_name=str(weights.get("secretName", "")),
         )
     if "uri" in weights:
@@ -160,8 +160,8 @@ def _weights(model: Mapping[str, Any]) -> Weights:
         return Weights(
             kind="uri",
             url=str(uri.get("url", "")),
-            mount_path=str(uri.get("mountPath", "/models")),
-            file_name=str(uri.get("fileName", "model.pt")),
+            mount_path=str(uri.get("mountPath", Weights.mount_path)),
+            file_name=str(uri.get("fileName", Weights.file_name)),
             fetcher_image=str(uri.get("fetcherImage", Weights.fetcher_image)),
         )
     return Weights(kind="image")

@@ -9,17 +9,17 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from carpool_operator.spec import SpecError
 from carpool_operator.types import Manifest
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Autoscaling", "Monitoring")
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Autoscaling", "Monitoring"]
 
 
 @dataclass(frozen=True)
 class Condition:
-    type: str
+    type: ConditionType
     status: bool
     reason: str
     message: str

@@ -18,11 +18,14 @@ refused: many callers who read their streams slowly cannot hold more than the bu
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import Gauge
 
-from carpool.contract.wire import BYTES, NUMPY_DTYPES
+from carpool.contract.metadata import ModelMetadata
+from carpool.contract.wire import BYTES, NUMPY_DTYPES, Tensor
 from carpool.engine.errors import PayloadTooLarge, Unavailable
+from carpool_sidecar.tensors import element_count
 
 # Longest JSON text of one element, its comma included: "-9223372036854775808," for INT64,
 # "-2.2250738585072014e-308," for FP64; FP16 and BF16 are written as float32.
@@ -62,6 +65,33 @@ def output_bytes(datatype: str, elements: int, element_bytes: int, binary: bool)
     return JSON_WIDTHS[datatype] * elements
 
 
+def fixed_answer_bytes(
+    metadata: ModelMetadata, names: Sequence[str], binary: frozenset[str], items: int
+) -> int:
+    """The most bytes the outputs of fixed shape and numeric datatype take for `items`."""
+    total = 0
+    for name in names:
+        spec = metadata.output(name)
+        if spec is not None and spec.datatype != BYTES and not spec.variable:
+            elements = items * element_count(spec.shape)
+            total += output_bytes(spec.datatype, elements, 0, name in binary)
+    return total
+
+
+def answer_bytes(parts: Mapping[str, Sequence[Tensor]], binary: frozenset[str]) -> int:
+    """The most bytes the answer takes, from the items' outputs, before they are joined."""
+    total = 0
+    for name, tensors in parts.items():
+        # One pass, no generators: this runs for every answer.
+        elements = element_bytes = 0
+        for tensor in tensors:
+            elements += tensor.element_count
+            if isinstance(tensor.data, list):
+                element_bytes += sum(map(len, tensor.data))
+        total += output_bytes(tensors[0].datatype, elements, element_bytes, name in binary)
+    return total
+
+
 class AnswerBudget:
     """The sidecar's bound on each answer and on the answers it holds unsent."""
 
@@ -97,7 +127,7 @@ class AnswerBudget:
             raise Unavailable(
                 f"{self.unsent} bytes of answers are waiting to be sent, the limit is "
                 f"{self.max_unsent_bytes}; retry shortly",
-                headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+                retry_after_s=BUSY_RETRY_AFTER_S,
             )
         self.unsent += nbytes
 

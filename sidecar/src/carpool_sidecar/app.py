@@ -22,6 +22,7 @@ from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from carpool.contract.metadata import TensorSpec
+from carpool.contract.pod import METRICS_PATH, SIDECAR_LIVE_PATH, SIDECAR_READY_PATH
 from carpool.engine.errors import CLIENT_GONE, INTERNAL_MESSAGE, BodyTimeout, SidecarError
 from carpool.engine.metrics import Answer
 from carpool_sidecar import bodies, headers, kserve_v1, oip, oip_generate, openapi, reading
@@ -330,8 +331,8 @@ async def metrics(request: web.Request) -> web.Response:
 # (method, path, handler, what it takes and answers, route name)
 ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
     ("GET", "/", v1_live, op.V1_LIVE, None),
-    ("GET", "/v2/health/live", live, op.LIVE, None),
-    ("GET", "/v2/health/ready", ready, op.READY, None),
+    ("GET", SIDECAR_LIVE_PATH, live, op.LIVE, None),
+    ("GET", SIDECAR_READY_PATH, ready, op.READY, None),
     ("GET", "/v2", server_metadata, op.SERVER_METADATA, None),
     ("GET", "/v2/models/{name}", model_metadata, op.MODEL_METADATA, None),
     ("GET", "/v2/models/{name}/versions/{version}", model_metadata, op.MODEL_METADATA, None),
@@ -349,7 +350,7 @@ ROUTES: list[tuple[str, str, Handler, Operation, str | None]] = [
      op.GENERATE_STREAM, "v2-generate-stream-version"),
     ("GET", "/v1/models/{name:[^/:]+}", model_ready, op.MODEL_READY, None),
     ("POST", "/v1/models/{name:[^/:]+}:predict", v1_predict, op.PREDICT, "v1-predict"),
-    ("GET", "/metrics", metrics, op.METRICS, None),
+    ("GET", METRICS_PATH, metrics, op.METRICS, None),
     ("GET", "/openapi.json", openapi_document, op.OPENAPI, None),
 ]  # fmt: skip
 # Routes whose requests count in carpool_requests_total and its duration histogram.

@@ -3,13 +3,13 @@
 Protocol-neutral: the v2 and v1 routes (and any other front end) hand it an InferRequest,
 the generate route a GenerateRequest.
 It checks a request against the model's metadata, cuts it into items, picks the batch
-group (BatchKey) and deadline, awaits the results and stacks them back into whole tensors.
+group (`batch_keys`) and deadline, awaits the results and stacks them back into whole tensors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import overload
 
 import orjson
@@ -25,24 +25,15 @@ from carpool.engine.errors import (
     ModelNotFound,
     Unavailable,
 )
-from carpool.engine.pending import BatchKey
 from carpool_sidecar import generation
-from carpool_sidecar.answers import AnswerBudget, output_bytes
+from carpool_sidecar.answers import AnswerBudget, answer_bytes, fixed_answer_bytes
+from carpool_sidecar.batch_keys import batch_key
 from carpool_sidecar.generation import GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
 from carpool_sidecar.item_batcher import ItemBatcher
 from carpool_sidecar.streaming import Piece, Streams
-from carpool_sidecar.tensors import RequestTensor, element_count, split, stack
-
-# Below this length padding costs less than splitting the traffic into more, smaller batches.
-MIN_BUCKET = 64
-
-
-def length_bucket(length: int) -> int:
-    """The power of two at or above `length` (at least MIN_BUCKET): items in one bucket pad
-    to at most double, or to MIN_BUCKET."""
-    return max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+from carpool_sidecar.tensors import RequestTensor, split, stack
 
 
 class DataPlane:
@@ -128,12 +119,12 @@ class DataPlane:
         # Outputs of fixed shape tell the answer's size before any work is done; the id it
         # echoes counts too.
         echoed = 0 if request.id is None else len(orjson.dumps(request.id))
-        fixed = _fixed_answer_bytes(metadata, output_names, binary, inputs[0].items)
+        fixed = fixed_answer_bytes(metadata, output_names, binary, inputs[0].items)
         self.answers.check(echoed + fixed, answer_limit)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
         results = await self._submit(inputs, metadata, deadline, request.priority, arrived_at)
         parts = {name: _output_of_items(name, results) for name in output_names}
-        held = self.answers.hold(echoed + _answer_bytes(parts, binary), answer_limit)
+        held = self.answers.hold(echoed + answer_bytes(parts, binary), answer_limit)
         try:
             outputs = [stack(name, parts[name]) for name in output_names]
         except BaseException:
@@ -206,7 +197,7 @@ class DataPlane:
             (output,) = _output_of_items(TEXT_OUTPUT, results)
             ending = generation.ending_of(results[0].outputs or {})
             text = generation.text_of(output)
-        held = self.answers.hold(_answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
+        held = self.answers.hold(answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
         if self.streams is not None and not metadata.streams_tokens:
             # Counted once its answer is sure to be sent, as the streamed path counts.
             self.streams.observe_whole(arrived_at, ending)
@@ -274,7 +265,7 @@ class DataPlane:
         coroutine itself, so its caller's await reaches the batcher's with one frame less."""
         items = RequestItems(inputs, _check_inputs(inputs, metadata))
         nbytes = sum(tensor.nbytes for tensor in inputs)
-        key, lengths = _batch_key(inputs, metadata)
+        key, lengths = batch_key(inputs, metadata)
         return self.batcher.submit(
             items,
             key,
@@ -360,33 +351,6 @@ def _output_names(request: InferRequest, metadata: ModelMetadata) -> list[str]:
     return names
 
 
-def _fixed_answer_bytes(
-    metadata: ModelMetadata, names: Sequence[str], binary: frozenset[str], items: int
-) -> int:
-    """The most bytes the outputs of fixed shape and numeric datatype take for `items`."""
-    total = 0
-    for name in names:
-        spec = metadata.output(name)
-        if spec is not None and spec.datatype != BYTES and not spec.variable:
-            elements = items * element_count(spec.shape)
-            total += output_bytes(spec.datatype, elements, 0, name in binary)
-    return total
-
-
-def _answer_bytes(parts: Mapping[str, Sequence[Tensor]], binary: frozenset[str]) -> int:
-    """The most bytes the answer takes, from the items' outputs, before they are joined."""
-    total = 0
-    for name, tensors in parts.items():
-        # One pass, no generators: this runs for every answer.
-        elements = element_bytes = 0
-        for tensor in tensors:
-            elements += tensor.element_count
-            if isinstance(tensor.data, list):
-                element_bytes += sum(map(len, tensor.data))
-        total += output_bytes(tensors[0].datatype, elements, element_bytes, name in binary)
-    return total
-
-
 def _binary_outputs(request: InferRequest, output_names: list[str]) -> frozenset[str]:
     """An output's own `binary_data` wins over the request's `binary_data_output`."""
     if request.outputs is None:
@@ -400,58 +364,6 @@ def _binary_outputs(request: InferRequest, output_names: list[str]) -> frozenset
 
 def _names(specs: Sequence[TensorSpec]) -> list[str]:
     return [spec.name for spec in specs]
-
-
-def _batch_key(
-    inputs: Sequence[RequestTensor], metadata: ModelMetadata
-) -> tuple[BatchKey, list[int] | None]:
-    """The group of the request's items, and their lengths when they vary in length.
-
-    Numeric items share a batch only when their shapes are equal, since a handler stacks
-    them, unless the handler pads variable dimensions (`pads_variable_dims`): then items of
-    any shape within one length bucket share a batch. BYTES items go by length bucket: a
-    handler takes their elements as a list. An item's length is the largest, over its
-    inputs, of the element count of the variable dimensions (padded numeric) or of the
-    longest element in bytes (BYTES: a cheap proxy for the token count); an input not
-    batched by length (`TensorSpec.batch_by_length`) adds none. Text generation items also
-    group by their `max_new_tokens` bucket (`generation.settings_bucket`).
-    """
-    by_name = {tensor.name: tensor for tensor in inputs}
-    signature: list[tuple[str, str | None, tuple[int, ...]]] = []
-    # Plain lists, not numpy: most requests hold one item, for which numpy's calls cost more.
-    lengths: list[int] | None = None
-    for spec in metadata.inputs:
-        tensor = by_name.get(spec.name)
-        if tensor is None:  # an optional input left out
-            signature.append((spec.name, None, ()))
-            continue
-        item_shape = tensor.shape[1:]
-        padded = spec.variable and (isinstance(tensor.data, list) or metadata.pads_variable_dims)
-        signature.append((spec.name, spec.datatype, spec.shape if padded else item_shape))
-        if not spec.batch_by_length:
-            continue
-        if isinstance(tensor.data, list):
-            per_item = element_count(item_shape)
-            if not per_item:
-                continue
-            sizes = list(map(len, tensor.data))
-            item_lengths = (
-                sizes
-                if per_item == 1
-                else [max(sizes[at : at + per_item]) for at in range(0, len(sizes), per_item)]
-            )
-        elif padded:
-            varying = [
-                have for want, have in zip(spec.shape, item_shape, strict=True) if want == -1
-            ]
-            item_lengths = [element_count(varying)] * tensor.items
-        else:
-            continue
-        lengths = item_lengths if lengths is None else list(map(max, lengths, item_lengths))
-    settings = generation.settings_bucket(inputs)
-    if lengths is None:
-        return BatchKey(tuple(signature), settings=settings), None
-    return BatchKey(tuple(signature), length_bucket(max(lengths)), settings), lengths
 
 
 class RequestItems(Sequence[Item]):

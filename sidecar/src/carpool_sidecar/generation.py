@@ -137,7 +137,7 @@ def check_generates(metadata: ModelMetadata) -> None:
 def settings_bucket(inputs: Sequence[RequestTensor]) -> int | None:
     """The power of two at or above the largest `max_new_tokens` of the request's items, or
     None when the request has no such input (the model takes none, or it is left out for the
-    model's default: such requests share a signature of their own, `dataplane._batch_key`):
+    model's default: such requests share a signature of their own, `batch_keys.batch_key`):
     a batch generates until its longest row is done, so a short request should not share a
     batch with a much longer one."""
     tensor = next((each for each in inputs if each.name == MAX_NEW_TOKENS), None)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from carpool.engine.errors import QueueFull, SidecarError
+from carpool.engine.errors import RETRY_AFTER, QueueFull, SidecarError
 from carpool.engine.throughput import MAX_RETRY_AFTER_S
 from carpool_sidecar.bodies import Error
 from carpool_sidecar.operations import PATH_PARAMETERS, Operation, Parameter
@@ -24,8 +24,8 @@ REF_TEMPLATE = "#/components/schemas/{model}"
 # aiohttp's `{name:regex}` placeholders are OpenAPI's `{name}`.
 PLACEHOLDER = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
-RETRY_AFTER = {
-    "Retry-After": {
+RETRY_AFTER_HEADER = {
+    RETRY_AFTER: {
         "description": f"Seconds until the queue has likely drained (1 to {MAX_RETRY_AFTER_S}).",
         "required": True,
         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_RETRY_AFTER_S},
@@ -97,7 +97,7 @@ def _add_error(responses: Schema, error: type[SidecarError], schema: Schema) -> 
         "content": {"application/json": {"schema": schema}},
     }
     if error is QueueFull:
-        responses[status]["headers"] = RETRY_AFTER
+        responses[status]["headers"] = RETRY_AFTER_HEADER
 
 
 def _parameter(parameter: Parameter) -> Schema:

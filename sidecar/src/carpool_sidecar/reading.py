@@ -33,7 +33,7 @@ class ReadingBudget:
             raise Unavailable(
                 f"{self.held} bytes of request bodies are being read, the limit is "
                 f"{self.max_bytes}; retry shortly",
-                headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+                retry_after_s=BUSY_RETRY_AFTER_S,
                 close_connection=close_connection,
             )
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from carpool.contract.generation import TEXT_OUTPUT
+from carpool.contract.generation import FIRST_TOKEN_BUCKETS, TEXT_OUTPUT, TOKEN_GAP_BUCKETS
 from carpool.contract.wire import Item, ItemResult, Tensor
 from carpool.engine.errors import BadModelResponse, DeadlineExceeded, ModelError, QueueFull
 from carpool.engine.priority import rank
@@ -33,8 +33,6 @@ from carpool_sidecar.answers import AnswerBudget, HeldFrames
 from carpool_sidecar.client import ModelClient
 from carpool_sidecar.generation import Ending, GenerateResponse
 
-FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 # Seconds a refused caller is told to wait: a place frees as soon as one answer ends.
 RETRY_AFTER_S = 1
 

@@ -21,7 +21,8 @@ _SPEC = "            spec:"
 _STATUS = "            status:"
 _INDENT = " " * 16
 _HEADER = f"{_INDENT}batching:"
-_WIDTH = 98  # the column the rest of the file wraps at
+# The column the CRD file wraps at, in its hand-written parts as in those written here.
+WIDTH = 98
 _DESCRIPTION = (
     "The sidecar's batching knobs, rendered into a ConfigMap that the sidecar re-reads live: "
     "changing them does not restart the pods. A knob left unset takes the operator's default "
@@ -72,7 +73,7 @@ def _lines(node: dict[str, Any], indent: str) -> list[str]:
         elif isinstance(value, list):
             lines.append(f"{indent}{key}: [{', '.join(str(item) for item in value)}]")
         elif key == "description":
-            wrapped = textwrap.wrap(value, _WIDTH - len(indent) - 2, break_on_hyphens=False)
+            wrapped = textwrap.wrap(value, WIDTH - len(indent) - 2, break_on_hyphens=False)
             lines += [f"{indent}{key}: >-", *(f"{indent}  {line}" for line in wrapped)]
         else:
             lines.append(f"{indent}{key}: {value}")
@@ -114,7 +115,7 @@ def with_handlers(crd: str) -> str:
     def block(match: re.Match[str]) -> str:
         indent = match.group("indent")
         head = f"{indent}handler:\n{indent}  type: string\n{indent}  description: >-\n"
-        wrapped = textwrap.wrap(text, _WIDTH - len(indent) - 4, break_on_hyphens=False)
+        wrapped = textwrap.wrap(text, WIDTH - len(indent) - 4, break_on_hyphens=False)
         return head + "".join(f"{indent}    {line}\n" for line in wrapped)
 
     written, count = _HANDLER.subn(block, crd, count=1)

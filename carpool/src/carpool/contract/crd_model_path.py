@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import textwrap
 
+from carpool.contract.crd import WIDTH
 from carpool.contract.handlers import FILE_HANDLERS, FOLDER_HANDLERS, NEEDS_MODEL_PATH
 
 _BEGIN = "                # Written from carpool.contract.handlers by `make generate`:"
 _END = "                # (end of the generated rules)"
 _ITEM = "                - "
-_WIDTH = 98  # the column the rest of the file wraps at
 _FIELD = "                  "
 
 
@@ -79,5 +79,5 @@ def with_model_path_rules(crd: str) -> str:
 def _folded(text: str) -> list[str]:
     """A folded scalar's lines: YAML joins them with spaces again."""
     indent = _FIELD + "  "
-    wrapped = textwrap.wrap(text, _WIDTH - len(indent), break_on_hyphens=False)
+    wrapped = textwrap.wrap(text, WIDTH - len(indent), break_on_hyphens=False)
     return [indent + line for line in wrapped]

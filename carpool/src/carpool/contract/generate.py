@@ -37,10 +37,6 @@ def _value(value: float | str) -> str:
     return str(value)
 
 
-def _sentence(text: str) -> str:
-    return text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
-
-
 # ---- the chart --------------------------------------------------------------------------
 
 

@@ -36,6 +36,10 @@ SETTINGS: Final = (MAX_TOKENS, MAX_NEW_TOKENS, TEMPERATURE, SEED, STOP)
 DEFAULT_MAX_TOKENS: Final = 20
 DEFAULT_TEMPERATURE: Final = 0.0
 NO_SEED: Final = -1
+# Buckets (seconds) of the time-to-first-token and between-tokens histograms, the sidecar's
+# and the model server's alike, so that the two sides' quantiles compare.
+FIRST_TOKEN_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_GAP_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 def input_name(setting: str) -> str:

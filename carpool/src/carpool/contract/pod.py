@@ -20,6 +20,14 @@ SIDECAR_PORT: Final = 8080
 GRPC_PORT: Final = 8081
 # The model server's probe listener: health, readiness, metadata and metrics.
 METRICS_PORT: Final = 9091
+# What the pod's probes and its PodMonitor ask of the two containers. The model server is
+# live once it listens and ready once its model is loaded and warm; the sidecar's are the
+# Open Inference Protocol's health endpoints.
+MODEL_SERVER_LIVE_PATH: Final = "/healthz"
+MODEL_SERVER_READY_PATH: Final = "/readyz"
+SIDECAR_LIVE_PATH: Final = "/v2/health/live"
+SIDECAR_READY_PATH: Final = "/v2/health/ready"
+METRICS_PATH: Final = "/metrics"
 # The largest batch the model server accepts and warms up unless told otherwise.
 MODEL_MAX_BATCH_SIZE: Final = 64
 # After SIGTERM the sidecar sends what it queued for up to this long, and the model server
@@ -29,6 +37,10 @@ DRAIN_SECONDS: Final = 30
 # load balancers stop sending before it stops listening; then it drains (DRAIN_SECONDS), so
 # the pod's grace period must cover both.
 DRAIN_DELAY_SECONDS: Final = 5
+# The sidecar's gauges that its pods' HorizontalPodAutoscaler scales on, averaged per pod
+# (the chart's custom-metrics adapter rules serve them).
+QUEUE_ITEMS_METRIC: Final = "carpool_queue_items"
+QUEUE_DRAIN_METRIC: Final = "carpool_queue_drain_seconds"
 
 MODEL_SERVER_COMMAND: Final = ("carpool", "model-server")
 SIDECAR_COMMAND: Final = ("carpool", "sidecar")

@@ -14,6 +14,8 @@ INTERNAL_MESSAGE = "internal error; see the sidecar log"
 # the model server sent (a name, a model's own words), and goes to every caller of a batch;
 # over gRPC it travels percent-encoded in a trailer, which clients refuse past 8 to 16 KiB.
 MAX_MESSAGE_BYTES = 1024
+# The header that tells a refused caller how many seconds to wait before trying again.
+RETRY_AFTER = "Retry-After"
 
 
 class SidecarError(Exception):
@@ -33,11 +35,14 @@ class SidecarError(Exception):
         *,
         headers: dict[str, str] | None = None,
         close_connection: bool | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         message = _bounded(message)
         super().__init__(message)
         self.message = message
-        self.headers = headers or {}
+        self.headers = dict(headers or {})
+        if retry_after_s is not None:
+            self.headers[RETRY_AFTER] = str(retry_after_s)
         if close_connection is not None:
             self.close_connection = close_connection
 
@@ -75,7 +80,7 @@ class QueueFull(SidecarError):
     rejected_reason = "queue_full"
 
     def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
 # The `carpool_rejected_total` reasons of Late: predicted past latencyObjectiveMs, past the

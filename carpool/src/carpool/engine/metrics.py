@@ -8,6 +8,7 @@ from types import TracebackType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from carpool.contract.pod import QUEUE_DRAIN_METRIC, QUEUE_ITEMS_METRIC
 from carpool.engine.errors import CLIENT_GONE, LATE_REASONS, QueueFull, SidecarError
 
 BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))  # 1, 2, 4 ... 1024
@@ -22,6 +23,8 @@ PADDING_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 PROTOCOLS = ("rest", "grpc")
 # The `protocol` of calls to a `carpool.batch` function, which has no network front.
 IN_PROCESS = "inprocess"
+# A gauge each of a sidecar's processes holds a share of (its fronts' answers unsent).
+UNSENT_ANSWER_BYTES_METRIC = "carpool_unsent_answer_bytes"
 
 
 @dataclass(slots=True)
@@ -76,7 +79,7 @@ class SidecarMetrics:
             registry=registry,
         )
         self.queue_items = Gauge(
-            "carpool_queue_items", "Items waiting for a batch.", ["model"], registry=registry
+            QUEUE_ITEMS_METRIC, "Items waiting for a batch.", ["model"], registry=registry
         ).labels(model)
         self.inflight_batches = Gauge(
             "carpool_inflight_batches",
@@ -85,7 +88,7 @@ class SidecarMetrics:
             registry=registry,
         ).labels(model)
         self.unsent_answer_bytes = Gauge(
-            "carpool_unsent_answer_bytes",
+            UNSENT_ANSWER_BYTES_METRIC,
             "Bytes of answers built and not yet sent (--max-unsent-bytes bounds them).",
             ["model"],
             registry=registry,
@@ -141,7 +144,7 @@ class SidecarMetrics:
             registry=registry,
         ).labels(model)
         self.queue_drain = Gauge(
-            "carpool_queue_drain_seconds",
+            QUEUE_DRAIN_METRIC,
             "Predicted time for the model server to run the batches in flight and every "
             "queued item, from the learned batch durations; 0 until they are learned.",
             ["model"],

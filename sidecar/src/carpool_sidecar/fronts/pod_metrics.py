@@ -11,8 +11,10 @@ from collections.abc import Iterable, Sequence
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.registry import Collector
 
+from carpool.engine.metrics import UNSENT_ANSWER_BYTES_METRIC
+
 # Gauges of what each process holds itself: the pod's figure is their sum.
-SUMMED_GAUGES = frozenset({"carpool_unsent_answer_bytes"})
+SUMMED_GAUGES = frozenset({UNSENT_ANSWER_BYTES_METRIC})
 
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]
 
