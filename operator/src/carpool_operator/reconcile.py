@@ -21,6 +21,7 @@ from carpool_operator.kube import FIRST_RETRY_S, ApiError, KubeClient
 from carpool_operator.locks import Locks
 from carpool_operator.merge_keys import refuse_duplicates
 from carpool_operator.metrics import OperatorMetrics
+from carpool_operator.names import KIND
 from carpool_operator.pods import pod_problem
 from carpool_operator.preconditions import ModelGone, as_judged, require_live
 from carpool_operator.refusals import Refusals
@@ -196,9 +197,7 @@ async def _status(
     )
     if all(current.get(key) == value for key, value in wanted.items()):
         return observation
-    await kube.merge_patch(
-        "BatchedModel", namespace, name, {"status": wanted}, subresource="status"
-    )
+    await kube.merge_patch(KIND, namespace, name, {"status": wanted}, subresource="status")
     if applied is not None and _clamp_news(current, wanted, applied):
         limit = applied.model_max_batch_size
         message = (
@@ -224,7 +223,7 @@ async def _converge(
     """One pass over one BatchedModel; None when it is gone or going."""
     kube = runtime.kube
     try:
-        body = await kube.get("BatchedModel", namespace, name)
+        body = await kube.get(KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             raise ModelGone(name)
         applied: ModelSpec | None = None
