@@ -16,10 +16,11 @@ its slot in the returned list hold an Exception.
 The function answers a list, or an array (numpy, torch) a row per item. Its own bugs fail
 the whole batch at once, never split: an answer that is not one result per item (None, a
 generator, a list of the wrong length), and a BaseException it raises (SystemExit,
-KeyboardInterrupt), which must not end the event loop. A batch ends at its callers' latest
-deadline: a coroutine still running is cancelled (and not waited for); a thread cannot be,
-so it is left to finish on its own while new batches get fresh threads, at most
-STUCK_THREADS of them left running at once.
+KeyboardInterrupt, a CancelledError not meant for the batch), which must not end the event
+loop. A batch ends at its callers' latest deadline: a coroutine still running is cancelled
+(and not waited for); a thread cannot be, so it is left to finish on its own while new
+batches get fresh threads, at most STUCK_THREADS of them left running at once. The engine
+runs on one event loop at a time: a new one once the last was closed.
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ class Batched(Generic[ItemT, ResultT]):
         functools.update_wrapper(self, function)
         self._function = function
         self.name = name
-        self._is_async = inspect.iscoroutinefunction(function)
+        # A callable object with an `async def __call__` is a coroutine function too.
+        self._is_async = inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+            type(function).__call__
+        )
         self._settings = settings
         self.metrics = SidecarMetrics(registry, name)
         self._group_by = group_by
@@ -176,6 +180,7 @@ class Batched(Generic[ItemT, ResultT]):
         with self._lock:
             if self._closed:
                 raise Unavailable("this batch function is closed")
+            self._forget_a_closed_loop()
             if self._loop is None:
                 self._own_loop = LoopThread(f"carpool-batch-{self.name}")
                 self._loop = self._own_loop.loop
@@ -207,6 +212,8 @@ class Batched(Generic[ItemT, ResultT]):
         own = self._own_loop
         if own is None:
             raise RuntimeError("the engine runs on an async caller's loop: await aclose()")
+        if own.loop.is_closed():
+            return  # closed before
         own.submit(self.aclose(grace_s)).result()
         own.stop()
 
@@ -216,6 +223,7 @@ class Batched(Generic[ItemT, ResultT]):
         with self._lock:
             if self._closed:
                 raise Unavailable("this batch function is closed")
+            self._forget_a_closed_loop()
             if self._loop is not None and self._loop is not loop:
                 raise RuntimeError(
                     "a carpool.batch function serves one event loop; use blocking() from threads"
@@ -228,6 +236,16 @@ class Batched(Generic[ItemT, ResultT]):
                 if not self._is_async:
                     self._executor = self._new_executor()
             return self._batcher
+
+    def _forget_a_closed_loop(self) -> None:
+        """Drop an engine whose loop was closed (an `asyncio.run` that returned): its task
+        ended with the loop, so the next caller's loop starts a new one. Under the lock."""
+        if self._loop is None or not self._loop.is_closed():
+            return
+        self._loop = self._batcher = self._dispatcher = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
 
     def _new_executor(self) -> ThreadPoolExecutor:
         workers = self._settings.max_inflight_batches
@@ -246,11 +264,13 @@ class Batched(Generic[ItemT, ResultT]):
     async def _attempt(self, items: Sequence[ItemT]) -> bisection.Outcome[ResultT | Exception]:
         try:
             answer = await self._run(list(items))
-        except asyncio.CancelledError:
-            raise  # the batch's deadline, or the engine stopping
         except Exception as error:
             return error
         except BaseException as error:
+            task = asyncio.current_task()
+            if isinstance(error, asyncio.CancelledError) and task and task.cancelling():
+                raise  # the batch's deadline, or the engine stopping
+            # Or the function's own: a CancelledError of something it awaited, an exit.
             aborted = FunctionAborted(f"{self.name} raised {error!r}")
             aborted.__cause__ = error
             return aborted
@@ -333,7 +353,7 @@ def batch(
             function,
             settings,
             registry if registry is not None else CollectorRegistry(),
-            name or function.__name__,
+            name or str(getattr(function, "__name__", type(function).__name__)),
             group_by,
         )
 

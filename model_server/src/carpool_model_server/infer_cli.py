@@ -7,8 +7,11 @@ refused with one line and left as it was.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +30,9 @@ from carpool_model_server.results_file import (
     read_input,
     resume,
 )
+
+# What a write answers when the output cannot grow: a full disk or quota, a file-size limit.
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @click.command()
@@ -91,7 +97,7 @@ def command(
         raise click.ClickException(
             f"cannot write --output {output_path}: {error.strerror}"
         ) from None
-    with output:
+    with _full_is_one_line(output_path), output:
         try:
             # Held until the run ends: two runs appending to one file would answer twice.
             fcntl.flock(output, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,6 +128,21 @@ def command(
         output.flush()
         put_in_order(output_path)
     click.echo(f"wrote {output_path} in {time.monotonic() - started:.1f}s", err=True)
+
+
+@contextmanager
+def _full_is_one_line(output_path: Path) -> Iterator[None]:
+    """A write to the output that stopped part way: one line, and every whole line before it
+    kept for the next run to resume."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in FULL:
+            raise
+        raise click.ClickException(
+            f"cannot write --output {output_path}: {error.strerror}; the answers written are "
+            "kept: make room and run the same command again to go on"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)

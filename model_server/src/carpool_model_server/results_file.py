@@ -75,6 +75,8 @@ def resume(file: BinaryIO, run_header: bytes) -> set[int]:
     done: set[int] = set()
     kept = len(first)
     for line in file:
+        if not line.endswith(b"\n"):
+            break  # torn, even where what was written is whole JSON: its newline is missing
         try:
             done.add(int(orjson.loads(line)["index"]))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
@@ -110,5 +112,9 @@ def put_in_order(path: Path) -> None:
     first, *lines = path.read_bytes().splitlines(keepends=True)
     lines.sort(key=lambda line: int(orjson.loads(line)["index"]))
     temporary = path.with_name(path.name + ".sorting")
-    temporary.write_bytes(first + b"".join(lines))
-    os.replace(temporary, path)
+    try:
+        temporary.write_bytes(first + b"".join(lines))
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # the file itself is whole, if unsorted
+        raise

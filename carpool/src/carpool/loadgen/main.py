@@ -10,6 +10,7 @@ import click
 
 from carpool.comma_list import CommaList
 from carpool.loadgen import report, runner, workload
+from carpool.report_path import ReportPath
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 64)
 # Input tensor names of the built-in handlers, so `--payload` alone is enough.
@@ -68,10 +69,16 @@ DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
     help="Text payloads: one sentence, one to four, or about 150 words.",
 )
 @click.option("--batch-per-request", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--timeout", type=float, default=60.0, show_default=True, help="Per request, s.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Per request, s.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None)
+@click.option("--json", "json_path", type=ReportPath(), default=None)
+@click.option("--plot", "plot_path", type=ReportPath(), default=None)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def command(
     url: str,

@@ -92,7 +92,7 @@ async def read_metrics(session: aiohttp.ClientSession, url: str) -> Snapshot | N
             if response.status != 200:
                 return None
             text = await response.text()
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
         return None
     try:
         snapshot = parse_metrics(text)

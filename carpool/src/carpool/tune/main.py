@@ -26,6 +26,7 @@ from carpool.comma_list import CommaList
 from carpool.contract.batching import DISPATCH_MODES, KNOB_BY_KEY, Batching
 from carpool.loadgen import runner, workload
 from carpool.loadgen.main import DEFAULT_INPUT_NAMES, DEFAULT_MODEL_NAMES
+from carpool.report_path import ReportPath
 from carpool.tune import output, search
 from carpool.tune.trial import Load, NotApplied, SettingsFile, Trials, until_applied
 
@@ -85,9 +86,9 @@ def _searched_options(function: F) -> F:
     "--text-length", type=click.Choice(workload.TEXT_LENGTHS), default="mixed", show_default=True
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--snippet", type=click.Path(path_type=Path), help="Write spec.batching (YAML).")
-@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="The frontier, PNG.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Every trial.")
+@click.option("--snippet", type=ReportPath(), help="Write spec.batching (YAML).")
+@click.option("--plot", "plot_path", type=ReportPath(), help="The frontier, PNG.")
+@click.option("--json", "json_path", type=ReportPath(), help="Every trial.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def command(
     url: str,

@@ -1,0 +1,74 @@
+"""`carpool.batch` used as careless programs use it: a new event loop per `asyncio.run`, a
+callable object, a function that raises CancelledError, `close()` called twice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import carpool
+from carpool.batching import FunctionAborted
+
+
+def test_a_function_serves_each_asyncio_run_in_turn_and_then_threads() -> None:
+    # A script (or a test suite) that calls asyncio.run twice: the first loop is closed, its
+    # engine gone with it, and the next caller's loop starts another.
+    @carpool.batch(max_batch_size=4, max_wait_ms=1)
+    async def double(items: list[int]) -> list[int]:
+        return [2 * item for item in items]
+
+    async def calls(base: int) -> list[int]:
+        return list(await asyncio.gather(*(double(base + n) for n in range(3))))
+
+    assert asyncio.run(calls(0)) == [0, 2, 4]
+    assert asyncio.run(calls(10)) == [20, 22, 24]
+    assert double.blocking(7) == 14
+    double.close()
+
+
+async def test_an_object_with_an_async_call_is_awaited_and_named_by_its_class() -> None:
+    class Doubler:
+        async def __call__(self, items: list[int]) -> list[int]:
+            await asyncio.sleep(0)
+            return [2 * item for item in items]
+
+    double = carpool.batch(max_batch_size=4, max_wait_ms=1)(Doubler())
+    try:
+        assert await asyncio.gather(double(1), double(2)) == [2, 4]
+        assert double.name == "Doubler"
+    finally:
+        await double.aclose()
+
+
+async def test_a_cancelled_error_the_function_raises_is_its_failure_not_a_stop() -> None:
+    calls = 0
+
+    @carpool.batch(max_batch_size=4, max_wait_ms=5)
+    async def flaky(items: list[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            # What an awaited call that someone else cancelled raises into the function.
+            raise asyncio.CancelledError()
+        return items
+
+    try:
+        outcomes = await asyncio.gather(flaky(1), flaky(2), return_exceptions=True)
+        assert [type(outcome) for outcome in outcomes] == [FunctionAborted] * 2
+        assert "flaky raised CancelledError" in str(outcomes[0])
+        assert await flaky(3) == 3  # the engine goes on
+    finally:
+        await flaky.aclose()
+
+
+def test_close_twice_is_harmless() -> None:
+    @carpool.batch(max_batch_size=2, max_wait_ms=1)
+    def echo(items: list[int]) -> list[int]:
+        return items
+
+    assert echo.blocking(1) == 1
+    echo.close()
+    echo.close()
+    with pytest.raises(carpool.batching.Unavailable):
+        echo.blocking(2)
