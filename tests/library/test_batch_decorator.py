@@ -122,6 +122,23 @@ async def test_a_deadline_that_is_no_time_is_refused(timeout_ms: float) -> None:
         await echo.aclose()
 
 
+async def test_a_call_cannot_wait_longer_than_the_decorators_timeout() -> None:
+    """The decorator's timeout_ms is the longest deadline, as the sidecar's is: a caller's
+    longer one is cut to it."""
+    hang = asyncio.Event()  # never set
+
+    @carpool.batch(max_batch_size=2, max_wait_ms=1, timeout_ms=100)
+    async def echo(items: list[str]) -> list[str]:
+        await hang.wait()
+        return items
+
+    try:
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(echo("patient", timeout_ms=600_000), 10)
+    finally:
+        await echo.aclose()
+
+
 def test_a_sync_function_serves_16_threads_through_blocking() -> None:
     threads: set[str] = set()
     registry = CollectorRegistry()

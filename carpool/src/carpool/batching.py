@@ -150,9 +150,9 @@ class Batched(Generic[ItemT, ResultT]):
         """The function's result for `item`, computed in a batch with other callers' items.
 
         Raises what the function raised for this item, QueueFull when the queue is at its
-        bound, DeadlineExceeded after `timeout_ms` (default: the decorator's; ValueError
-        unless finite), Unavailable once closed. Cancelling the caller drops the item if its
-        batch has not started.
+        bound, DeadlineExceeded after `timeout_ms` (default and at most the decorator's;
+        ValueError unless finite), Unavailable once closed. Cancelling the caller drops the
+        item if its batch has not started.
         """
         if timeout_ms is not None and not math.isfinite(timeout_ms):
             # No deadline at all: a call that never returns would hold its caller forever.
@@ -160,7 +160,9 @@ class Batched(Generic[ItemT, ResultT]):
         batcher = self._engine()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        timeout_s = (self._settings.timeout_ms if timeout_ms is None else timeout_ms) / 1000
+        # The decorator's timeout_ms is the default and the longest, as the sidecar's is.
+        longest = self._settings.timeout_ms
+        timeout_s = (longest if timeout_ms is None else min(timeout_ms, longest)) / 1000
         key = BatchKey(None if self._group_by is None else self._group_by(item))
         with self.metrics.answering(IN_PROCESS, loop.time, started) as answer:
             (outcome,) = await batcher.submit([item], key, started + timeout_s, priority=priority)
