@@ -72,3 +72,19 @@ def test_close_twice_is_harmless() -> None:
     echo.close()
     with pytest.raises(carpool.batching.Unavailable):
         echo.blocking(2)
+
+
+def test_aclose_in_a_later_asyncio_run_closes_what_an_earlier_one_left() -> None:
+    # A program whose serving loop returned without closing the function closes it on
+    # shutdown, in a loop of its own; the engine went with the first loop.
+    @carpool.batch(max_batch_size=2, max_wait_ms=1)
+    async def echo(items: list[int]) -> list[int]:
+        return items
+
+    async def call() -> int:
+        return await echo(1)
+
+    assert asyncio.run(call()) == 1
+    asyncio.run(echo.aclose())
+    with pytest.raises(carpool.batching.Unavailable):
+        asyncio.run(call())

@@ -202,6 +202,7 @@ class Batched(Generic[ItemT, ResultT]):
         """Answer what is queued (up to `grace_s`), then stop the engine; call on shutdown."""
         with self._lock:
             self._closed = True
+            self._forget_a_closed_loop()  # nothing is left to answer there
         if self._batcher is not None and self._dispatcher is not None:
             await self._batcher.drain(grace_s)
             self._dispatcher.cancel()
