@@ -4,11 +4,12 @@ callable object, a function that raises CancelledError, `close()` called twice."
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 import carpool
-from carpool.batching import FunctionAborted
+from carpool.batching import DeadlineExceeded, FunctionAborted
 
 
 def test_a_function_serves_each_asyncio_run_in_turn_and_then_threads() -> None:
@@ -88,3 +89,31 @@ def test_aclose_in_a_later_asyncio_run_closes_what_an_earlier_one_left() -> None
     asyncio.run(echo.aclose())
     with pytest.raises(carpool.batching.Unavailable):
         asyncio.run(call())
+
+
+def test_a_blocking_call_ends_at_its_deadline_while_the_engines_loop_is_idle() -> None:
+    # The engine started in a loop that `run_until_complete` ran and left open, idle: nothing
+    # runs the call there, yet the calling thread hears DeadlineExceeded, not silence.
+    @carpool.batch(max_batch_size=2, max_wait_ms=1, timeout_ms=100)
+    async def echo(items: list[int]) -> list[int]:
+        return items
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(echo(1)) == 1
+        outcomes: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                echo.blocking(2)
+            except BaseException as error:
+                outcomes.append(error)
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "blocking() still waits, long past its deadline"
+        assert [type(outcome) for outcome in outcomes] == [DeadlineExceeded]
+        loop.run_until_complete(echo.aclose())  # the call given up ends there
+    finally:
+        loop.close()

@@ -72,6 +72,8 @@ CLOSE_GRACE_S = 30.0
 # Calls of a sync function still running past their batch's deadline: beyond this many,
 # batches fail at once rather than start yet another thread.
 STUCK_THREADS = 8
+# How long past its deadline a `blocking` caller waits for the loop's own answer to it.
+BLOCKING_GRACE_S = 1.0
 _OK = 200
 
 
@@ -154,15 +156,10 @@ class Batched(Generic[ItemT, ResultT]):
         ValueError unless finite), Unavailable once closed. Cancelling the caller drops the
         item if its batch has not started.
         """
-        if timeout_ms is not None and not math.isfinite(timeout_ms):
-            # No deadline at all: a call that never returns would hold its caller forever.
-            raise ValueError(f"timeout_ms must be a finite number, got {timeout_ms!r}")
+        timeout_s = self._timeout_s(timeout_ms)
         batcher = self._engine()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # The decorator's timeout_ms is the default and the longest, as the sidecar's is.
-        longest = self._settings.timeout_ms
-        timeout_s = (longest if timeout_ms is None else min(timeout_ms, longest)) / 1000
         key = BatchKey(None if self._group_by is None else self._group_by(item))
         with self.metrics.answering(IN_PROCESS, loop.time, started) as answer:
             (outcome,) = await batcher.submit([item], key, started + timeout_s, priority=priority)
@@ -189,11 +186,19 @@ class Batched(Generic[ItemT, ResultT]):
             loop = self._loop
         if _running_loop() is loop:
             raise RuntimeError("blocking() called from the batching loop's own thread")
+        timeout_s = self._timeout_s(timeout_ms)
         future = asyncio.run_coroutine_threadsafe(
             self(item, priority=priority, timeout_ms=timeout_ms), loop
         )
         try:
-            return future.result()
+            # Bounded: a loop that is not running (left open by `run_until_complete`, or
+            # closing) never answers.
+            return future.result(timeout_s + BLOCKING_GRACE_S)
+        except TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded(
+                f"{self.name}'s event loop did not answer within {1000 * timeout_s:.0f} ms"
+            ) from None
         except BaseException:
             future.cancel()  # this thread was interrupted: the item is no longer wanted
             raise
@@ -219,6 +224,15 @@ class Batched(Generic[ItemT, ResultT]):
             return  # closed before
         own.submit(self.aclose(grace_s)).result()
         own.stop()
+
+    def _timeout_s(self, timeout_ms: float | None) -> float:
+        """A call's deadline in seconds: the decorator's timeout_ms is the default and the
+        longest, as the sidecar's is."""
+        if timeout_ms is not None and not math.isfinite(timeout_ms):
+            # No deadline at all: a call that never returns would hold its caller forever.
+            raise ValueError(f"timeout_ms must be a finite number, got {timeout_ms!r}")
+        longest = self._settings.timeout_ms
+        return (longest if timeout_ms is None else min(timeout_ms, longest)) / 1000
 
     def _engine(self) -> Batcher[ItemT, ResultT | Exception]:
         """The engine, started on the first caller's loop; every later caller must share it."""
