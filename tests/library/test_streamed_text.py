@@ -123,6 +123,18 @@ def test_a_tokenizer_that_cleans_up_spaces_streams_the_cleaned_text(cleaning: An
     assert texts[-1] == after_prompt(tokenizer, ids[:2], ids[2:]) == ". don't the sky's"
 
 
+def test_clean_up_across_the_prompt_s_end_takes_no_character_of_the_answer(
+    cleaning: Any,
+) -> None:
+    """Cleaned up together, "the sky ' the sun" reads "the sky'the sun": its first 9
+    characters are no longer the prompt's "the sky '", and cutting them off took the
+    answer's "t". The clean-up applies to the answer's own text."""
+    prompt = cleaning("the sky '")["input_ids"]
+    answer = cleaning("the sun")["input_ids"]
+    assert answer_text(cleaning, prompt, answer) == " the sun"
+    assert texts_as_tokens_come(cleaning, answer, prompt)[-1] == " the sun"
+
+
 def test_bytes_that_turn_out_no_character_do_not_break_the_stream() -> None:
     """A Llama-style tokenizer spells rare characters byte by byte (byte fallback) and
     decodes a run of bytes that is no UTF-8 as one U+FFFD per byte: a byte after a whole
@@ -210,18 +222,31 @@ def cut_texts(
         yield ids[:cut], ids[cut:]
 
 
+def cleaned_alone(tokenizer: Any, prompt: list[int], answer: list[int]) -> str:
+    """The pipeline's answer from the text before its clean-up, then cleaned up alone."""
+    raw = {"clean_up_tokenization_spaces": False, "skip_special_tokens": True}
+    before = tokenizer.decode(prompt, **raw)
+    text: str = tokenizer.decode([*prompt, *answer], **raw)[len(before) :]
+    return str(tokenizer.clean_up_tokenization(text))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_answers_are_what_they_add_to_the_prompt_s_text(
     sentencepiece: Any, byte_level: Any, cleaning: Any, tiny_lm_path: Path, seed: int
 ) -> None:
     """Streamed and whole, an answer is the pipeline's, decoded after a few prompt tokens
-    alone; a byte-level BPE's (GPT-2's) is its tokens' own text, as before. (A stream holds
-    a space near its end that clean-up may still take away.)"""
+    alone (cleaned up on its own where the tokenizer cleans up); a byte-level BPE's (GPT-2's)
+    is its tokens' own text, as before. (A stream holds a space near its end that clean-up
+    may still take away.)"""
     rng = random.Random(seed)
     tokenizers = [sentencepiece, byte_level, AutoTokenizer.from_pretrained(tiny_lm_path), cleaning]
     for tokenizer in tokenizers:
         for prompt, answer in cut_texts(tokenizer, rng, 25):
-            expected = after_prompt(tokenizer, prompt, answer)
+            expected = (
+                cleaned_alone(tokenizer, prompt, answer)
+                if tokenizer is cleaning
+                else after_prompt(tokenizer, prompt, answer)
+            )
             assert answer_text(tokenizer, prompt, answer) == expected, (prompt, answer)
             texts = texts_as_tokens_come(tokenizer, answer, prompt)
             assert all(after.startswith(before) for before, after in itertools.pairwise(texts))

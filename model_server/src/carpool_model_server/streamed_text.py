@@ -42,9 +42,9 @@ class StreamedText:
     def __init__(self, tokenizer: Any, prompt_ids: Sequence[int]) -> None:
         self._tokenizer = tokenizer
         self._context = list(prompt_ids[-CONTEXT_TOKENS:])
-        self._before = _decoded(tokenizer, self._context)
-        backend = getattr(tokenizer, "backend_tokenizer", None)
         self._cleans = _cleans_up(tokenizer)
+        self._before = _decoded(tokenizer, self._context, self._cleans)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
         # A stream started after text that ends in U+FFFD (a prompt that ends in it) waits
         # for the rest of a character and then shows that text too: decoded whole instead.
         whole = backend is None or self._cleans or self._before.endswith("\ufffd")
@@ -58,7 +58,7 @@ class StreamedText:
         """The text of `tokens` after the prompt's (the same sequence's tokens, one or more
         longer than last time)."""
         if self._stream is None:
-            text = _read_on(self._tokenizer, self._context, self._before, tokens)
+            text = _read_on(self._tokenizer, self._context, self._before, tokens, self._cleans)
             text = text.rstrip("\ufffd")
             # The clean-up takes away a space before what may still follow (" 's", " n't",
             # " ' "): a space among the last CLEAN_UP_REACH characters is held.
@@ -91,16 +91,25 @@ def answer_text(tokenizer: Any, prompt_ids: Sequence[int], new_ids: Sequence[int
     off (transformers' text-generation pipeline's answer without the prompt), decoding only
     the prompt's last CONTEXT_TOKENS."""
     context = list(prompt_ids[-CONTEXT_TOKENS:])
-    return _read_on(tokenizer, context, _decoded(tokenizer, context), new_ids)
+    cleans = _cleans_up(tokenizer)
+    return _read_on(tokenizer, context, _decoded(tokenizer, context, cleans), new_ids, cleans)
 
 
-def _read_on(tokenizer: Any, context: list[int], before: str, new_ids: Sequence[int]) -> str:
-    """The text of `new_ids` after `context`, whose own text is `before`."""
-    return _decoded(tokenizer, [*context, *new_ids])[len(before) :]
+def _read_on(
+    tokenizer: Any, context: list[int], before: str, new_ids: Sequence[int], cleans: bool
+) -> str:
+    """The text of `new_ids` after `context`, whose own text is `before`. The clean-up, where
+    the tokenizer makes one, applies to that text alone: across the join it rewrites both
+    sides (" ' " to "'"), and the prompt's text would no longer be the first len(before)
+    characters."""
+    text = _decoded(tokenizer, [*context, *new_ids], cleans)[len(before) :]
+    return str(tokenizer.clean_up_tokenization(text)) if cleans else text
 
 
-def _decoded(tokenizer: Any, ids: list[int]) -> str:
-    return str(tokenizer.decode(ids, skip_special_tokens=True))
+def _decoded(tokenizer: Any, ids: list[int], cleans: bool) -> str:
+    """The text of `ids`, not cleaned up (see `_read_on`)."""
+    raw = {"clean_up_tokenization_spaces": False} if cleans else {}
+    return str(tokenizer.decode(ids, skip_special_tokens=True, **raw))
 
 
 def _cleans_up(tokenizer: Any) -> bool:
