@@ -86,6 +86,28 @@ async def _apply(
     # Not in the cache: about to be created, unless an object without carpool's label (which
     # the cache's watches leave out) already has the name, so ask the API server once.
     actual = cached or await kube.fetch(kind, namespace, name)
+    try:
+        await _judge_and_apply(kube, refusals, owner, manifest, spec, actual)
+    except ApiError as error:
+        if error.status != 409 or actual is None:
+            raise
+        # Someone wrote the child since the cache heard of it (preconditions.py): judged once
+        # more as the API server has it, so a watch that lags costs a read, not a retry.
+        fresh = await kube.fetch(kind, namespace, name)
+        await _judge_and_apply(kube, refusals, owner, manifest, spec, fresh)
+
+
+async def _judge_and_apply(
+    kube: KubeClient,
+    refusals: Refusals,
+    owner: Manifest,
+    manifest: Manifest,
+    spec: ModelSpec,
+    actual: Manifest | None,
+) -> None:
+    """Apply `manifest` over `actual` (None: there is none), as what that child is allows."""
+    kind, metadata = manifest["kind"], manifest["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
     if actual is None:
         news = "ChildCreated", f"created {kind} {name}"
     elif _owned_by(actual, spec.uid):
