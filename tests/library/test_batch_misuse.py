@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import carpool
-from carpool.batching import DeadlineExceeded, FunctionAborted
+from carpool.batching import DeadlineExceeded, FunctionAborted, Unavailable
 
 
 def test_a_function_serves_each_asyncio_run_in_turn_and_then_threads() -> None:
@@ -117,3 +117,38 @@ def test_a_blocking_call_ends_at_its_deadline_while_the_engines_loop_is_idle() -
         loop.run_until_complete(echo.aclose())  # the call given up ends there
     finally:
         loop.close()
+
+
+def test_a_blocking_call_whose_engines_loop_ends_is_unavailable() -> None:
+    """A thread's call waits on an engine that lives on an `asyncio.run` which then ends:
+    the caller is told the function is unavailable (a carpool error it can catch), not
+    handed concurrent.futures' CancelledError."""
+    hanging = threading.Event()
+
+    @carpool.batch(max_batch_size=1, max_wait_ms=1, timeout_ms=30_000)
+    async def echo(items: list[str]) -> list[str]:
+        if "hang" in items:
+            hanging.set()
+            await asyncio.sleep(60)
+        return items
+
+    outcome: list[BaseException | str] = []
+
+    def call() -> None:
+        try:
+            outcome.append(echo.blocking("hang"))
+        except BaseException as error:
+            outcome.append(error)
+
+    caller = threading.Thread(target=call)
+
+    async def serve() -> None:
+        assert await echo("warm") == "warm"  # the engine now lives on this loop
+        caller.start()
+        assert await asyncio.to_thread(hanging.wait, 10)
+        # Returning ends the run: its loop's tasks, the thread's call among them, stop.
+
+    asyncio.run(serve())
+    caller.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], Unavailable), outcome
+    echo.close()

@@ -32,7 +32,7 @@ import inspect
 import math
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -199,6 +199,9 @@ class Batched(Generic[ItemT, ResultT]):
             raise DeadlineExceeded(
                 f"{self.name}'s event loop did not answer within {1000 * timeout_s:.0f} ms"
             ) from None
+        except CancelledError:
+            # The engine's loop ended (its `asyncio.run` returned) with this call in flight.
+            raise Unavailable(f"{self.name}'s event loop stopped before it answered") from None
         except BaseException:
             future.cancel()  # this thread was interrupted: the item is no longer wanted
             raise
@@ -216,10 +219,16 @@ class Batched(Generic[ItemT, ResultT]):
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
-        """`aclose` for threaded programs that used only `blocking`."""
+        """`aclose` for threaded programs that used only `blocking`, or whose engine's
+        `asyncio.run` has returned (nothing is left to answer there)."""
         own = self._own_loop
         if own is None:
-            raise RuntimeError("the engine runs on an async caller's loop: await aclose()")
+            with self._lock:
+                self._forget_a_closed_loop()
+                if self._loop is not None:
+                    raise RuntimeError("the engine runs on an async caller's loop: await aclose()")
+                self._closed = True
+            return
         if own.loop.is_closed():
             return  # closed before
         own.submit(self.aclose(grace_s)).result()
