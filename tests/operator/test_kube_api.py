@@ -275,6 +275,30 @@ def test_a_patch_that_names_a_resource_version_is_refused_for_another(
     assert status == 200 and patched["data"]["b"] == "2"
 
 
+@pytest.mark.parametrize("field", ["uid", "resourceVersion"])
+def test_a_delete_whose_preconditions_no_longer_hold_is_refused(
+    served: ServedKubeApi, field: str
+) -> None:
+    """DeleteOptions' preconditions (uid, resourceVersion) are checked against the stored
+    object: a 409 Conflict, the object kept, when one differs; deleted when they hold."""
+    name = f"guarded-{field.lower()}"
+    _, created = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})
+    _, changed = call(served, "PATCH", f"{CONFIGMAPS}/{name}", {"data": {"a": "1"}}, MERGE)
+    stale = {"uid": "another", "resourceVersion": created["metadata"]["resourceVersion"]}
+
+    def delete(wanted: dict[str, str]) -> tuple[int, Any]:
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": wanted}
+        return call(served, "DELETE", f"{CONFIGMAPS}/{name}", options)
+
+    status, refused = delete({field: stale[field]})
+    assert (status, refused["reason"]) == (409, "Conflict")
+    assert "Precondition failed" in refused["message"]
+    assert call(served, "GET", f"{CONFIGMAPS}/{name}")[0] == 200
+    holding = {key: changed["metadata"][key] for key in ("uid", "resourceVersion")}
+    assert delete(holding)[0] == 200
+    assert call(served, "GET", f"{CONFIGMAPS}/{name}")[0] == 404
+
+
 def _owner(served: ServedKubeApi, name: str) -> dict[str, str]:
     """A new ConfigMap `name`, as the owner reference its dependents would carry."""
     _, owner = call(served, "POST", CONFIGMAPS, {"metadata": {"name": name}})

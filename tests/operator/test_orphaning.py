@@ -95,9 +95,12 @@ def live(served: ServedKubeApi, kind: str, name: str) -> dict[str, Any] | None:
     return found if status == 200 else None
 
 
-async def made(served: ServedKubeApi, kube: KubeClient, name: str) -> tuple[Runtime, Heard]:
+async def made(
+    served: ServedKubeApi, kube: KubeClient, name: str, **spec: Any
+) -> tuple[Runtime, Heard]:
     """A model and its children, made by a reconcile whose cache heard of everything."""
-    assert call(served, "POST", RESOURCES["BatchedModel"].path("default"), model(name))[0] == 201
+    body = model(name, **spec)
+    assert call(served, "POST", RESOURCES["BatchedModel"].path("default"), body)[0] == 201
     heard = Heard(kube)
     kube.store = heard
     await heard.hear("BatchedModel", name)
@@ -185,3 +188,26 @@ async def test_a_change_applied_over_a_child_the_cache_lags_behind_lands_in_one_
     assert image in images
     assert found["metadata"]["annotations"]["team.example.com/owner"] == "search"
     assert found["metadata"]["ownerReferences"]
+
+
+async def test_a_child_the_spec_dropped_is_not_deleted_once_an_orphaning_delete_kept_it(
+    served: ServedKubeApi, kube: KubeClient
+) -> None:
+    """The cache heard of the model going from 2 replicas to 1 (so no disruption budget),
+    not yet of the orphaning delete that followed: the budget, judged the model's from the
+    cache, is the user's by now, and is not deleted."""
+    runtime, _ = await made(served, kube, "shrunk", replicas=2)
+    budget = live(served, "PodDisruptionBudget", "shrunk")
+    assert budget is not None and budget["metadata"]["ownerReferences"]
+    path = RESOURCES["BatchedModel"].path("default", "shrunk")
+    assert call(served, "PATCH", path, {"spec": {"replicas": 1}}, MERGE)[0] == 200
+    heard = kube.store
+    assert isinstance(heard, Heard)
+    await heard.hear("BatchedModel", "shrunk")
+    assert call(served, "DELETE", path, ORPHAN)[0] == 200
+
+    await reconcile(runtime, "default", "shrunk", LOG)
+    kept = live(served, "PodDisruptionBudget", "shrunk")
+    assert kept is not None, "the kept budget was deleted"
+    assert kept["metadata"]["uid"] == budget["metadata"]["uid"]
+    assert not kept["metadata"].get("ownerReferences")

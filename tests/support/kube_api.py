@@ -561,6 +561,8 @@ class KubeApiServer(kmock.KubernetesEmulator):
             options = {} if protobuf_body else self._body(request, headers)
             if isinstance(options, dict) and options.get("propagationPolicy"):
                 params.setdefault("propagationPolicy", str(options["propagationPolicy"]))
+            if isinstance(options, dict) and isinstance(options.get("preconditions"), dict):
+                self._check_preconditions(kind, key, options["preconditions"])
             return 200, self._delete(kind, key, params)
         raise ApiFailure(405, "MethodNotAllowed", f"{method} is not supported")
 
@@ -1062,6 +1064,19 @@ class KubeApiServer(kmock.KubernetesEmulator):
             kind, key, parent, kube_scale.SUBRESOURCE, params, replace=method == "PUT"
         )
         return kube_scale.scale_of(updated)
+
+    def _check_preconditions(self, kind: Kind, key: ObjectKey, wanted: dict[str, Any]) -> None:
+        """A DeleteOptions' `preconditions` (uid, resourceVersion) against the stored object:
+        a mismatch is 409 Conflict, as k8s.io/apiserver's storage Preconditions.Check."""
+        metadata = self._existing(kind, key)["metadata"]
+        for key_name, name in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+            if wanted.get(key_name) and wanted[key_name] != metadata.get(key_name):
+                message = (
+                    f'Operation cannot be fulfilled on {kind.qualified} "{key[2]}": Precondition '
+                    f"failed: {name} in precondition: {wanted[key_name]}, {name} in object "
+                    f"meta: {metadata.get(key_name)}"
+                )
+                raise ApiFailure(409, "Conflict", message)
 
     def _delete(self, kind: Kind, key: ObjectKey, params: dict[str, str]) -> Json:
         obj = self._existing(kind, key)

@@ -324,9 +324,18 @@ class KubeClient:
         found = await self._request("PATCH", path, body=patch, content_type=MERGE_PATCH)
         self._wrote(kind, found)
 
-    async def delete(self, kind: str, namespace: str, name: str) -> None:
+    async def delete(
+        self, kind: str, namespace: str, name: str, *, judged: Manifest | None = None
+    ) -> None:
+        """Delete the object; `judged`: only as it was then (its uid and resourceVersion as
+        preconditions: ApiError 409 if anything wrote it since)."""
+        options = None
+        if judged is not None:
+            metadata = judged["metadata"]
+            wanted = {"uid": metadata["uid"], "resourceVersion": metadata["resourceVersion"]}
+            options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": wanted}
         try:
-            await self._request("DELETE", RESOURCES[kind].path(namespace, name))
+            await self._request("DELETE", RESOURCES[kind].path(namespace, name), body=options)
         except ApiError as error:
             if error.status != 404:
                 raise

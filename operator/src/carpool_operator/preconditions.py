@@ -6,9 +6,10 @@ take the model's owner reference off each child, then the model goes; a write th
 reference back afterwards would hand the child to the collector, which deletes a dependent
 whose owner is gone: the children the user asked to keep. Two checks close that:
 
-- every apply over an existing child names the resourceVersion the child was judged at, so the
-  API server refuses it (409 Conflict; the next pass judges again) if anything wrote the child
-  since, such as the collector taking the reference off;
+- every apply over an existing child names the resourceVersion the child was judged at, and
+  every delete of a child the spec dropped names it and the uid as preconditions, so the API
+  server refuses either (409 Conflict; the child is judged again as the API server has it) if
+  anything wrote the child since, such as the collector taking the reference off;
 - a child found without this model's reference is adopted only after the model itself is read
   from the API server, past the cache, alive (no deletionTimestamp) and the same object: the
   children's watches may have told of an orphaning before the model's watch told of its

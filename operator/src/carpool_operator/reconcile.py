@@ -149,10 +149,29 @@ async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[
             if error.status == 403:
                 continue  # RBAC for a kind no spec uses is optional (docs/operator.md)
             raise
-        if actual is not None and _owned_by(actual, spec.uid):
-            await kube.delete(kind, spec.namespace, spec.name)
+        if await _delete_if_owned(kube, kind, spec, actual):
             message = f"deleted {kind} {spec.name}"
             await kube.post_event(owner, "ChildDeleted", message, warning=False)
+
+
+async def _delete_if_owned(
+    kube: KubeClient, kind: str, spec: ModelSpec, actual: Manifest | None
+) -> bool:
+    """Delete the child if `actual` is the model's, only as judged: a child written since
+    the cache heard of it (orphaned, say: then it is the user's) is judged once more as the
+    API server has it."""
+    if actual is None or not _owned_by(actual, spec.uid):
+        return False
+    try:
+        await kube.delete(kind, spec.namespace, spec.name, judged=actual)
+    except ApiError as error:
+        if error.status != 409:
+            raise
+        fresh = await kube.fetch(kind, spec.namespace, spec.name)
+        if fresh is None or not _owned_by(fresh, spec.uid):
+            return False
+        await kube.delete(kind, spec.namespace, spec.name, judged=fresh)
+    return True
 
 
 async def _children(runtime: Runtime, body: Manifest, spec: ModelSpec) -> None:
