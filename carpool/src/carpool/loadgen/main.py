@@ -16,6 +16,14 @@ DEFAULT_CONCURRENCY = (1, 8, 32, 64)
 # Input tensor names of the built-in handlers, so `--payload` alone is enough.
 DEFAULT_INPUT_NAMES = {"text": "text", "toy": "input"}
 DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
+# `carpool bench` and `carpool tune`: a request unanswered this long counts as failed.
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=runner.REQUEST_TIMEOUT_S,
+    show_default=True,
+    help="Per request, s.",
+)
 
 
 @click.command()
@@ -69,13 +77,7 @@ DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
     help="Text payloads: one sentence, one to four, or about 150 words.",
 )
 @click.option("--batch-per-request", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Per request, s.",
-)
+@timeout_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=ReportPath(), default=None)
 @click.option("--plot", "plot_path", type=ReportPath(), default=None)

@@ -34,6 +34,8 @@ from carpool.loadgen.workload import PreparedRequest
 NO_RESPONSE = 0
 # How long the server has to answer the check before the load starts.
 CHECK_TIMEOUT_S = 10.0
+# How long a request may take before it counts as failed (`--timeout`).
+REQUEST_TIMEOUT_S = 60.0
 
 
 class ServerUnreachable(RuntimeError):
@@ -50,7 +52,7 @@ class RunSettings:
     # /metrics of the target; None for a server that has none (a baseline).
     metrics_url: str | None = None
     warmup_seconds: float = 1.0
-    timeout_seconds: float = 60.0
+    timeout_seconds: float = REQUEST_TIMEOUT_S
     # Poisson schedule seed, so open-loop runs are repeatable.
     seed: int = 0
     progress: bool = True
