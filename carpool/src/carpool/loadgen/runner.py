@@ -20,7 +20,7 @@ from yarl import URL
 from carpool.loadgen.grpc_sender import make_grpc_sender
 from carpool.loadgen.loops import LoopResult, Send, closed_loop, open_loop, poisson_arrivals
 from carpool.loadgen.progress import Progress
-from carpool.loadgen.report import CellResult, Mode
+from carpool.loadgen.report import CellResult, Mode, level_label
 from carpool.loadgen.stats import (
     BatchStats,
     LatencySummary,
@@ -185,9 +185,8 @@ async def run(settings: RunSettings, prepared: Sequence[PreparedRequest]) -> lis
             await closed_loop(send, int(first), duration=settings.warmup_seconds)
         rng = random.Random(settings.seed)
         for level in settings.levels:
-            label = f"c={level:g}" if settings.mode == "concurrency" else f"{level:g}/s"
             progress = Progress(
-                label,
+                level_label(settings.mode, level),
                 duration=settings.duration,
                 requests=settings.requests,
                 enabled=settings.progress,
