@@ -46,7 +46,9 @@ async def compare(
             protocol="oip-json", payload="toy", model_name="stand-in", input_name="input"
         )
     )
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as session:
+    timeout = aiohttp.ClientTimeout(total=load.timeout_s)
+    connector = aiohttp.TCPConnector(limit=1024)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         send = runner.make_sender(session, url, prepared)
         applied = functools.partial(until_applied, session, f"{url}/v2/models/stand-in/batching")
         trials = Trials(SPACE, file, send, load, applied, False, SPACE.size)

@@ -36,6 +36,8 @@ def test_bench_over_grpc_reports_refusals_by_status(tmp_path: Path) -> None:
         command += ["--model-name", "absent", "--concurrency", "2", "--requests", "10"]
         command += ["--warmup", "0", "--quiet", "--json", str(report)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        # Counted and reported, and a run where nothing succeeded is a failed run.
+        assert done.returncode == 1, done.stderr
+        assert "no request succeeded at c=2" in done.stderr
     [cell] = orjson.loads(report.read_bytes())["cells"]
     assert cell["ok"] == 0 and cell["errors"] == {"404": 10}

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
+from aiohttp import web
+from support.http_app import serving
 from support.sidecar import run_pair
 
 from carpool.contract.batching import Batching
@@ -107,3 +111,36 @@ def test_tune_stops_when_the_sidecar_does_not_take_its_settings(tmp_path: Path) 
     # Rather than measuring the settings in use as if they were the ones written.
     assert done.returncode != 0
     assert "did not take" in done.stderr and "--config-file" in done.stderr, done.stderr
+
+
+async def test_a_trial_against_a_sidecar_that_never_answers_ends_at_the_timeout(
+    tmp_path: Path,
+) -> None:
+    settings = tmp_path / "batching.json"
+    settings.write_text("{}")
+    release = asyncio.Event()
+
+    async def batching(request: web.Request) -> web.Response:
+        return web.json_response({"batching": orjson.loads(settings.read_bytes())})
+
+    async def never(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/v2/models/toy/batching", batching)
+    app.router.add_post("/v2/models/toy/infer", never)
+    async with serving(app) as url:
+        started = time.monotonic()
+        try:
+            done = await asyncio.to_thread(
+                tune, url, settings, "--concurrency", "1", "--grid", "--max-batch-size", "4",
+                "--max-wait-ms", "0", "--duration", "0.2", "--timeout", "1",
+            )  # fmt: skip
+        finally:
+            release.set()
+        took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "no setting met the objective" in done.stdout
+    # One trial: its request failed at the timeout rather than holding the trial for minutes.
+    assert took < 10

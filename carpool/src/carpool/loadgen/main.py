@@ -16,6 +16,14 @@ DEFAULT_CONCURRENCY = (1, 8, 32, 64)
 # Input tensor names of the built-in handlers, so `--payload` alone is enough.
 DEFAULT_INPUT_NAMES = {"text": "text", "toy": "input"}
 DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
+# `carpool bench` and `carpool tune`: a request unanswered this long counts as failed.
+timeout_option = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=runner.REQUEST_TIMEOUT_S,
+    show_default=True,
+    help="Per request, s.",
+)
 
 
 @click.command()
@@ -69,13 +77,7 @@ DEFAULT_MODEL_NAMES = {"text": "text-embedding", "toy": "toy"}
     help="Text payloads: one sentence, one to four, or about 150 words.",
 )
 @click.option("--batch-per-request", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Per request, s.",
-)
+@timeout_option
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=ReportPath(), default=None)
 @click.option("--plot", "plot_path", type=ReportPath(), default=None)
@@ -163,3 +165,7 @@ def command(
         report.write_json(result, json_path)
     if plot_path is not None:
         report.plot({spec.model_name: cells}, plot_path, title=f"carpool bench: {url}")
+    unanswered = [report.level_label(cell.mode, cell.level) for cell in cells if cell.ok == 0]
+    if unanswered:
+        # Errors at a level some requests got through are figures; none at all is a failure.
+        raise click.ClickException(f"no request succeeded at {', '.join(unanswered)}")

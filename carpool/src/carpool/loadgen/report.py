@@ -76,8 +76,9 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}" if math.isfinite(seconds) else "-"
 
 
-def _level(cell: CellResult) -> str:
-    return f"c={cell.level:g}" if cell.mode == "concurrency" else f"{cell.level:g}/s"
+def level_label(mode: Mode, level: float) -> str:
+    """A load level as the report names it: `c=8` clients, `50/s` requests."""
+    return f"c={level:g}" if mode == "concurrency" else f"{level:g}/s"
 
 
 def render_text(report: BenchReport) -> str:
@@ -89,8 +90,9 @@ def render_text(report: BenchReport) -> str:
     lines = [header]
     for cell in report.cells:
         errors = ",".join(f"{code}:{count}" for code, count in sorted(cell.errors.items()))
+        label = level_label(cell.mode, cell.level)
         lines.append(
-            f"{_level(cell):>8} {cell.requests:>8} {cell.throughput_rps:>9.1f} "
+            f"{label:>8} {cell.requests:>8} {cell.throughput_rps:>9.1f} "
             f"{cell.items_per_second:>9.1f} {_ms(cell.latency.p50):>8} {_ms(cell.latency.p90):>8} "
             f"{_ms(cell.latency.p99):>8} {_ms(cell.latency.max):>8} {errors or '0':>14} "
             f"{cell.loadgen_cpu_percent:>6.0f}%"
@@ -110,7 +112,7 @@ def render_text(report: BenchReport) -> str:
             )
             items = stats.mean_items_per_batch
             lines.append(
-                f"{_level(cell):>8} {stats.batches:>8g} "
+                f"{level_label(cell.mode, cell.level):>8} {stats.batches:>8g} "
                 f"{(f'{items:.2f}' if math.isfinite(items) else '-'):>11} "
                 f"{_ms(stats.queue_wait_mean):>12} {_ms(stats.queue_wait_p95):>11}  {reasons}"
             )

@@ -20,7 +20,7 @@ from yarl import URL
 from carpool.loadgen.grpc_sender import make_grpc_sender
 from carpool.loadgen.loops import LoopResult, Send, closed_loop, open_loop, poisson_arrivals
 from carpool.loadgen.progress import Progress
-from carpool.loadgen.report import CellResult, Mode
+from carpool.loadgen.report import CellResult, Mode, level_label
 from carpool.loadgen.stats import (
     BatchStats,
     LatencySummary,
@@ -34,6 +34,8 @@ from carpool.loadgen.workload import PreparedRequest
 NO_RESPONSE = 0
 # How long the server has to answer the check before the load starts.
 CHECK_TIMEOUT_S = 10.0
+# How long a request may take before it counts as failed (`--timeout`).
+REQUEST_TIMEOUT_S = 60.0
 
 
 class ServerUnreachable(RuntimeError):
@@ -50,7 +52,7 @@ class RunSettings:
     # /metrics of the target; None for a server that has none (a baseline).
     metrics_url: str | None = None
     warmup_seconds: float = 1.0
-    timeout_seconds: float = 60.0
+    timeout_seconds: float = REQUEST_TIMEOUT_S
     # Poisson schedule seed, so open-loop runs are repeatable.
     seed: int = 0
     progress: bool = True
@@ -183,9 +185,8 @@ async def run(settings: RunSettings, prepared: Sequence[PreparedRequest]) -> lis
             await closed_loop(send, int(first), duration=settings.warmup_seconds)
         rng = random.Random(settings.seed)
         for level in settings.levels:
-            label = f"c={level:g}" if settings.mode == "concurrency" else f"{level:g}/s"
             progress = Progress(
-                label,
+                level_label(settings.mode, level),
                 duration=settings.duration,
                 requests=settings.requests,
                 enabled=settings.progress,

@@ -25,7 +25,7 @@ import orjson
 from carpool.comma_list import CommaList
 from carpool.contract.batching import DISPATCH_MODES, KNOB_BY_KEY, Batching
 from carpool.loadgen import runner, workload
-from carpool.loadgen.main import DEFAULT_INPUT_NAMES, DEFAULT_MODEL_NAMES
+from carpool.loadgen.main import DEFAULT_INPUT_NAMES, DEFAULT_MODEL_NAMES, timeout_option
 from carpool.report_path import ReportPath
 from carpool.tune import output, search
 from carpool.tune.trial import Load, NotApplied, SettingsFile, Trials, until_applied
@@ -77,6 +77,7 @@ def _searched_options(function: F) -> F:
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Poisson requests/s.")
 @click.option("--duration", type=float, default=5.0, show_default=True, help="Seconds per trial.")
 @click.option("--warmup", type=float, default=1.0, show_default=True, help="Unrecorded seconds.")
+@timeout_option
 @_searched_options
 @click.option("--grid", is_flag=True, help="Measure every point, not a coordinate search.")
 @click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True)
@@ -99,6 +100,7 @@ def command(
     rate: float | None,
     duration: float,
     warmup: float,
+    timeout: float,
     grid: bool,
     rounds: int,
     model_name: str | None,
@@ -130,6 +132,7 @@ def command(
         warmup_s=warmup,
         percentile=percentile,
         seed=seed,
+        timeout_s=timeout,
     )
     spec = workload.WorkloadSpec(
         protocol="oip-json",
@@ -180,7 +183,8 @@ async def _search(
     connector = aiohttp.TCPConnector(
         limit=max(int(load.level), 1) if load.mode == "concurrency" else 1024
     )
-    async with aiohttp.ClientSession(connector=connector) as session:
+    timeout = aiohttp.ClientTimeout(total=load.timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await runner.check_answers(session, url)
         send = runner.make_sender(session, url, workload.build(spec))
         trials = Trials(

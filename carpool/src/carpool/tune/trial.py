@@ -25,6 +25,7 @@ import orjson
 from carpool.loadgen.loops import LoopResult, Send, closed_loop, open_loop, poisson_arrivals
 from carpool.loadgen.progress import Progress
 from carpool.loadgen.report import Mode
+from carpool.loadgen.runner import REQUEST_TIMEOUT_S
 from carpool.tune.search import Point, Space, Trial, Value
 
 
@@ -36,6 +37,8 @@ class Load:
     warmup_s: float
     percentile: float  # of the latency held to the objective, 0..100
     seed: int = 0
+    # Per request: one unanswered by then counts as failed, and the trial goes on.
+    timeout_s: float = REQUEST_TIMEOUT_S
 
 
 class SettingsFile:

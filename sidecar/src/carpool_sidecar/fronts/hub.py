@@ -118,8 +118,7 @@ class Hub:
             front.link.send(link.ERROR, frame_id, link.encode_error(error))
         except Exception:
             log.exception("unexpected error batching a front's request")
-            internal = SidecarError(INTERNAL_MESSAGE)
-            front.link.send(link.ERROR, frame_id, link.encode_error(internal))
+            _internal_error(front, frame_id)
         else:
             front.link.send(link.RESULT, frame_id, wire.encode_response(results))
         finally:
@@ -132,6 +131,11 @@ class Hub:
             own = list(self._sidecar.registry.collect())
             theirs = await asyncio.gather(*(self._collect(each) for each in list(self._fronts)))
             text = pod_metrics.render(own, [families for families in theirs if families])
+        except Exception:
+            # Answered at once, a 500 to the scrape, rather than left to the front's timeout.
+            log.exception("unexpected error gathering the pod's metrics")
+            _internal_error(front, frame_id)
+        else:
             front.link.send(link.METRICS, frame_id, text)
         finally:
             front.submits.pop(frame_id, None)
@@ -149,3 +153,8 @@ class Hub:
             return []
         finally:
             front.collects.pop(frame_id, None)
+
+
+def _internal_error(front: _Front, frame_id: int) -> None:
+    """What the front hears of a bug here: a 500, the details left in this log."""
+    front.link.send(link.ERROR, frame_id, link.encode_error(SidecarError(INTERNAL_MESSAGE)))
