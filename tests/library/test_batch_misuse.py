@@ -152,3 +152,39 @@ def test_a_blocking_call_whose_engines_loop_ends_is_unavailable() -> None:
     caller.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], Unavailable), outcome
     echo.close()
+
+
+def test_close_while_another_thread_makes_the_first_blocking_call_closes_its_loop() -> None:
+    """close() from one thread while another's first blocking() call starts the function's
+    own loop: the function ends up closed, not refused as if an async caller's loop held it."""
+
+    @carpool.batch(max_batch_size=1, max_wait_ms=1)
+    def echo(items: list[str]) -> list[str]:
+        return items
+
+    answers: list[str] = []
+    real = echo._lock
+    closing = threading.current_thread()
+
+    class FirstCallInBetween:
+        """The lock, with a whole blocking() call on another thread just before close()
+        takes it: the interleaving a busy program may hit."""
+
+        raced = False
+
+        def __enter__(self) -> None:
+            if threading.current_thread() is closing and not self.raced:
+                self.raced = True
+                caller = threading.Thread(target=lambda: answers.append(echo.blocking("hi")))
+                caller.start()
+                caller.join(10)
+            real.acquire()
+
+        def __exit__(self, *_: object) -> None:
+            real.release()
+
+    echo._lock = FirstCallInBetween()  # type: ignore[assignment]
+    echo.close()
+    assert answers == ["hi"]
+    with pytest.raises(Unavailable):
+        echo.blocking("late")

@@ -221,14 +221,14 @@ class Batched(Generic[ItemT, ResultT]):
     def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
         """`aclose` for threaded programs that used only `blocking`, or whose engine's
         `asyncio.run` has returned (nothing is left to answer there)."""
-        own = self._own_loop
-        if own is None:
-            with self._lock:
-                self._forget_a_closed_loop()
+        with self._lock:  # a first blocking() call on another thread may be starting a loop
+            self._forget_a_closed_loop()
+            own = self._own_loop
+            if own is None:
                 if self._loop is not None:
                     raise RuntimeError("the engine runs on an async caller's loop: await aclose()")
                 self._closed = True
-            return
+                return
         if own.loop.is_closed():
             return  # closed before
         own.submit(self.aclose(grace_s)).result()
