@@ -12,9 +12,9 @@ from support.http_app import serving
 from carpool.loadgen.main import command as bench
 
 
-async def bench_against(statuses: itertools.cycle[int]) -> Result:
-    """`carpool bench` of three requests at one client each against a server that answers
-    inference with the next of `statuses`."""
+async def bench_against(statuses: itertools.cycle[int], *load: str) -> Result:
+    """`carpool bench` (default load: three requests at one client) against a server that
+    answers inference with the next of `statuses`."""
 
     async def infer(request: web.Request) -> web.Response:
         return web.Response(status=next(statuses))
@@ -22,8 +22,8 @@ async def bench_against(statuses: itertools.cycle[int]) -> Result:
     app = web.Application()
     app.router.add_post("/v2/models/toy/infer", infer)
     async with serving(app) as url:
-        options = ["--url", url, "--metrics-url", "none", "--concurrency", "1", "--requests", "3"]
-        options += ["--warmup", "0", "--quiet"]
+        options = ["--url", url, "--metrics-url", "none", "--warmup", "0", "--quiet"]
+        options += load or ["--concurrency", "1", "--requests", "3"]
         return await asyncio.to_thread(CliRunner().invoke, bench, options)
 
 
@@ -38,3 +38,9 @@ async def test_bench_passes_when_some_requests_failed() -> None:
     result = await bench_against(itertools.cycle([200, 503]))
     assert result.exit_code == 0, result.output
     assert "503:1" in result.output
+
+
+async def test_bench_passes_at_a_level_that_sent_nothing() -> None:
+    """An open loop of 0.2 requests/s for 2 s (seed 0) schedules no arrival: nothing failed."""
+    result = await bench_against(itertools.cycle([503]), "--rate", "0.2", "--duration", "2")
+    assert result.exit_code == 0, result.output

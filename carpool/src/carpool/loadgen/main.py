@@ -165,7 +165,13 @@ def command(
         report.write_json(result, json_path)
     if plot_path is not None:
         report.plot({spec.model_name: cells}, plot_path, title=f"carpool bench: {url}")
-    unanswered = [report.level_label(cell.mode, cell.level) for cell in cells if cell.ok == 0]
+    unanswered = [
+        report.level_label(cell.mode, cell.level)
+        for cell in cells
+        if cell.requests and cell.ok == 0
+    ]
     if unanswered:
         # Errors at a level some requests got through are figures; none at all is a failure.
+        # (A level that sent nothing, an open loop whose arrivals fell past its duration,
+        # failed at nothing.)
         raise click.ClickException(f"no request succeeded at {', '.join(unanswered)}")
