@@ -42,10 +42,16 @@ class Model:
         self.started = asyncio.Event()
         self.drop_one = False
         self.fail: Exception | None = None
+        # When set: the sender gives up this long before the time it was given, as a timer
+        # that counts whole milliseconds (uvloop's) can.
+        self.gives_up_early_s: float | None = None
 
     async def send(self, items: Sequence[Item], timeout_s: float) -> tuple[list[ItemResult], None]:
         self.batches.append([value(item) for item in items])
         self.started.set()
+        if self.gives_up_early_s is not None:
+            await asyncio.sleep(timeout_s - self.gives_up_early_s)
+            raise Unavailable(f"model server did not answer within {timeout_s:.3f} s")
         await self.gate.wait()
         if self.fail is not None:
             raise self.fail
@@ -250,6 +256,18 @@ async def test_a_deadline_is_a_deadline_in_a_task_that_once_swallowed_a_cancella
             await asyncio.create_task(handler())
         h.model.gate.set()
         await blocker
+
+
+@on_virtual_time
+async def test_a_batch_past_its_callers_deadline_is_504_though_the_senders_timer_is_early() -> None:
+    """The sender's timer may count whole milliseconds (uvloop's do) and fire a millisecond
+    before the time it was given: the batch's callers still hear 504 for the deadline they
+    set, not 503 for a model server that did not answer."""
+    async with Harness() as h:
+        h.model.gives_up_early_s = 0.001
+        with pytest.raises(DeadlineExceeded):
+            await h.request(1.0, timeout_s=0.1)
+        assert h.model.batches == [[1.0]]
 
 
 async def test_cancelled_request_is_dropped_before_the_model() -> None:

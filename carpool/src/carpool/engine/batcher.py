@@ -41,6 +41,10 @@ DRAIN_GAUGE_S = 0.05
 # When the dispatcher looks again after it sent a batch: at once, but after a turn of the
 # loop in which the batch's task writes it.
 AT_ONCE = -math.inf
+# How long past its last caller's deadline a batch's sender is given: uvloop's timers count
+# whole milliseconds from a clock read in whole milliseconds, so two set for one time can
+# fire a millisecond or two apart, and a sender that gave up first would answer 503, not 504.
+SENDER_GRACE_S = 0.005
 
 
 class Batcher(Generic[ItemT, ResultT]):
@@ -352,8 +356,9 @@ class Batcher(Generic[ItemT, ResultT]):
     async def _run_batch(self, parts: list[AnyPart], items: list[ItemT], token: int) -> None:
         started = self._clock()
         # Deadlines are loop time, whose timers the sender's timeout runs on: measured on that
-        # clock, the batch gives up no earlier than its last caller, who hears 504, not 503.
-        timeout_s = max(part.request.deadline for part in parts) - self._loop.time()
+        # clock, the batch gives up after its last caller, who hears 504, not 503.
+        last_deadline = max(part.request.deadline for part in parts)
+        timeout_s = last_deadline + SENDER_GRACE_S - self._loop.time()
         answer = None
         finished = None
         try:
