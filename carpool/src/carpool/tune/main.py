@@ -156,14 +156,17 @@ def command(
     click.echo(output.table(trials, winner, load, objective_s))
     text = output.snippet(winner, load, objective_s)
     click.echo(text)
-    if not search.meets(winner, objective_s):
-        click.echo(f"no setting met the objective; the nearest is above, in {settings_file}")
     if snippet is not None:
         snippet.write_text(text)
     if json_path is not None:
         json_path.write_bytes(output.to_json(trials, winner, load, objective_s))
     if plot_path is not None:
         output.plot(trials, winner, load, objective_s, plot_path)
+    if not search.meets(winner, objective_s):
+        # Reported in full, yet a failure: a script must not take the nearest for a winner.
+        raise click.ClickException(
+            f"no setting met the objective; the nearest is above, in {settings_file}"
+        )
 
 
 async def _search(
