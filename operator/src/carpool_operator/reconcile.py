@@ -124,8 +124,9 @@ async def _judge_and_apply(
         raise kopf.TemporaryError(message, delay=FIRST_RETRY_S)
     else:
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
+    handed = None
     if actual is not None:
-        actual = await hand_over_replicas(kube, owner, actual, manifest)
+        actual, handed = await hand_over_replicas(kube, actual, manifest)
     try:
         await kube.apply(as_judged(manifest, actual))
     except ApiError as error:
@@ -137,6 +138,8 @@ async def _judge_and_apply(
         raise _rejected(kind, name, error.message) from error
     refusals.accepted(spec.name, manifest)
     await kube.post_event(owner, *news, warning=False)
+    if handed is not None:
+        await kube.post_event(owner, *handed, warning=False)
 
 
 async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
