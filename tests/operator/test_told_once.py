@@ -110,3 +110,25 @@ async def test_a_hand_over_whose_apply_is_refused_is_told_once(
         f"Deployment {name} keeps its 4 replicas until the autoscaler sets them"
     ]
     assert hand_overs(served, name) == 1
+
+
+async def test_a_child_deleted_is_told_once_though_a_late_watch_event_brings_it_back(
+    api: tuple[ServedKubeApi, KubeClient],
+) -> None:
+    """From 2 replicas to 1, the disruption budget goes. A watch that lags then tells of the
+    budget as it was before the delete (the cache keeps it again until the DELETED event
+    comes), and the pass that event asks for finds it gone: nothing more to tell."""
+    served, kube = api
+    runtime, heard = await made(served, kube, "shrunk", replicas=2)
+    budget = live(served, "PodDisruptionBudget", "shrunk")
+    assert budget is not None
+    path = RESOURCES["BatchedModel"].path("default", "shrunk")
+    assert call(served, "PATCH", path, {"spec": {"replicas": 1}}, MERGE)[0] == 200
+    await heard.hear("BatchedModel", "shrunk")
+    await reconcile(runtime, "default", "shrunk", LOG)
+    assert live(served, "PodDisruptionBudget", "shrunk") is None
+
+    heard.wrote(budget)
+    await reconcile(runtime, "default", "shrunk", LOG)
+    told = events(served, "ChildDeleted")
+    assert [event["message"] for event in told] == ["deleted PodDisruptionBudget shrunk"]

@@ -162,19 +162,19 @@ async def _delete_if_owned(
 ) -> bool:
     """Delete the child if `actual` is the model's, only as judged: a child written since
     the cache heard of it (orphaned, say: then it is the user's) is judged once more as the
-    API server has it."""
+    API server has it. True if this call deleted it: a child the cache still holds may be
+    gone already (a watch event from before its delete arrived after it)."""
     if actual is None or not _owned_by(actual, spec.uid):
         return False
     try:
-        await kube.delete(kind, spec.namespace, spec.name, judged=actual)
+        return await kube.delete(kind, spec.namespace, spec.name, judged=actual)
     except ApiError as error:
         if error.status != 409:
             raise
         fresh = await kube.fetch(kind, spec.namespace, spec.name)
         if fresh is None or not _owned_by(fresh, spec.uid):
             return False
-        await kube.delete(kind, spec.namespace, spec.name, judged=fresh)
-    return True
+        return await kube.delete(kind, spec.namespace, spec.name, judged=fresh)
 
 
 async def _children(runtime: Runtime, body: Manifest, spec: ModelSpec) -> None:
