@@ -7,6 +7,15 @@ default it to 1, scaling a running model down until the autoscaler acts. So, as 
 docs advise (server-side apply, "Transferring ownership"), a field manager of its own first
 applies the live count alone: it keeps the field through carpool's apply, and loses it, and
 with it its managedFields entry, at the autoscaler's first write.
+
+The hand-over is told (one `ReplicasHandedOver` event) only once carpool's apply without the
+count has landed: from then on carpool no longer applies the field, so no later judgment hands
+it over again. Until then the Deployment itself records how far it got: a judgment that finds
+the hand-over manager already holding the count (the pass's apply was refused after the
+hand-over, 409, and the child is judged again; or kopf retries the handler) writes nothing
+more. Each Event posted is a new object, which the API server never merges with an identical
+one (client-go's recorder counts repeats on the client's side): a second post would read as
+a second hand-over in `kubectl describe`.
 """
 
 from __future__ import annotations
@@ -19,11 +28,14 @@ from carpool_operator.types import Manifest
 
 HANDOVER_MANAGER = "carpool-handover"
 
+# An event's reason and message.
+News = tuple[str, str]
 
-def applies_replicas(deployment: Mapping[str, Any]) -> bool:
-    """Whether carpool's server-side apply owns the live Deployment's spec.replicas."""
+
+def applies_replicas(deployment: Mapping[str, Any], manager: str = FIELD_MANAGER) -> bool:
+    """Whether `manager`'s server-side apply owns the live Deployment's spec.replicas."""
     for entry in deployment.get("metadata", {}).get("managedFields") or []:
-        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+        if entry.get("manager") == manager and entry.get("operation") == "Apply":
             fields = entry.get("fieldsV1") or {}
             return "f:replicas" in (fields.get("f:spec") or {})
     return False
@@ -41,17 +53,24 @@ def replicas_only(rendered: Manifest, replicas: int) -> Manifest:
 
 
 async def hand_over_replicas(
-    kube: KubeClient, owner: Manifest, actual: Manifest, rendered: Manifest
-) -> Manifest:
+    kube: KubeClient, actual: Manifest, rendered: Manifest
+) -> tuple[Manifest, News | None]:
     """Before applying `rendered` over `actual`: if the apply would drop replicas carpool
     applied, give the live count to the hand-over manager first. Returns the child as it is
-    left for that apply."""
+    left for that apply, and the event to post once that apply lands (None: no hand-over)."""
     if rendered["kind"] != "Deployment" or "replicas" in rendered["spec"]:
-        return actual
+        return actual, None
     replicas = int(actual.get("spec", {}).get("replicas", 1))
     # Zero is left to fall to the default of one: an HPA never scales a target at zero.
     if replicas == 0 or not applies_replicas(actual):
-        return actual
+        return actual, None
+    name = rendered["metadata"]["name"]
+    message = f"Deployment {name} keeps its {replicas} replicas until the autoscaler sets them"
+    news = "ReplicasHandedOver", message
+    # Handed over already, by a judgment whose apply was then refused: the hand-over manager
+    # owns the field, so it holds the live count through carpool's apply.
+    if applies_replicas(actual, HANDOVER_MANAGER):
+        return actual, news
     try:
         # Not forced: a conflict means the autoscaler wrote a new count since the read, so
         # the field is already theirs.
@@ -61,8 +80,5 @@ async def hand_over_replicas(
     except ApiError as error:
         if error.status != 409:
             raise
-        return actual
-    name = rendered["metadata"]["name"]
-    message = f"Deployment {name} keeps its {replicas} replicas until the autoscaler sets them"
-    await kube.post_event(owner, "ReplicasHandedOver", message, warning=False)
-    return handed
+        return actual, None
+    return handed, news

@@ -326,9 +326,9 @@ class KubeClient:
 
     async def delete(
         self, kind: str, namespace: str, name: str, *, judged: Manifest | None = None
-    ) -> None:
+    ) -> bool:
         """Delete the object; `judged`: only as it was then (its uid and resourceVersion as
-        preconditions: ApiError 409 if anything wrote it since)."""
+        preconditions: ApiError 409 if anything wrote it since). False if it was gone already."""
         options = None
         if judged is not None:
             metadata = judged["metadata"]
@@ -339,10 +339,13 @@ class KubeClient:
         except ApiError as error:
             if error.status != 404:
                 raise
+            deleted = False
         else:
             self._wrote(kind)
+            deleted = True
         if self.store is not None:  # gone either way
             self.store.deleted(kind, namespace, name)
+        return deleted
 
     async def post_event(
         self, about: Manifest, reason: str, message: str, *, warning: bool

@@ -124,8 +124,9 @@ async def _judge_and_apply(
         raise kopf.TemporaryError(message, delay=FIRST_RETRY_S)
     else:
         raise SpecError("NameConflict", f"{kind} {name} exists and belongs to someone else")
+    handed = None
     if actual is not None:
-        actual = await hand_over_replicas(kube, owner, actual, manifest)
+        actual, handed = await hand_over_replicas(kube, actual, manifest)
     try:
         await kube.apply(as_judged(manifest, actual))
     except ApiError as error:
@@ -137,6 +138,8 @@ async def _judge_and_apply(
         raise _rejected(kind, name, error.message) from error
     refusals.accepted(spec.name, manifest)
     await kube.post_event(owner, *news, warning=False)
+    if handed is not None:
+        await kube.post_event(owner, *handed, warning=False)
 
 
 async def _prune(kube: KubeClient, owner: Manifest, spec: ModelSpec, kinds: set[str]) -> None:
@@ -159,19 +162,19 @@ async def _delete_if_owned(
 ) -> bool:
     """Delete the child if `actual` is the model's, only as judged: a child written since
     the cache heard of it (orphaned, say: then it is the user's) is judged once more as the
-    API server has it."""
+    API server has it. True if this call deleted it: a child the cache still holds may be
+    gone already (a watch event from before its delete arrived after it)."""
     if actual is None or not _owned_by(actual, spec.uid):
         return False
     try:
-        await kube.delete(kind, spec.namespace, spec.name, judged=actual)
+        return await kube.delete(kind, spec.namespace, spec.name, judged=actual)
     except ApiError as error:
         if error.status != 409:
             raise
         fresh = await kube.fetch(kind, spec.namespace, spec.name)
         if fresh is None or not _owned_by(fresh, spec.uid):
             return False
-        await kube.delete(kind, spec.namespace, spec.name, judged=fresh)
-    return True
+        return await kube.delete(kind, spec.namespace, spec.name, judged=fresh)
 
 
 async def _children(runtime: Runtime, body: Manifest, spec: ModelSpec) -> None:
