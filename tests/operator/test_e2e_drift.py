@@ -133,9 +133,9 @@ def test_fields_of_other_managers_are_left_alone(cluster: Cluster) -> None:
     if cluster.api is not None:
         # Repaired once, then quiet: the proxy is no drift.
         wait_resyncs(cluster, count=1)
-        writes = cluster.api.write_count(agent=OPERATOR_AGENT)
+        writes = cluster.api.write_count(agent=OPERATOR_AGENT, about="e2e-shared")
         wait_resyncs(cluster, count=3)
-        assert cluster.api.write_count(agent=OPERATOR_AGENT) == writes
+        assert cluster.api.write_count(agent=OPERATOR_AGENT, about="e2e-shared") == writes
 
 
 def test_child_and_pod_watches_are_filtered_by_the_server(cluster: Cluster) -> None:

@@ -30,9 +30,9 @@ def quiet_after(cluster: Cluster, name: str) -> None:
     """The operator writes nothing about `name` over three resyncs: no retry, no event."""
     if cluster.api is None:
         return
-    writes = cluster.api.write_count(agent=OPERATOR_AGENT)
+    writes = cluster.api.write_count(agent=OPERATOR_AGENT, about=name)
     wait_resyncs(cluster, count=3)
-    assert cluster.api.write_count(agent=OPERATOR_AGENT) == writes
+    assert cluster.api.write_count(agent=OPERATOR_AGENT, about=name) == writes
 
 
 def test_a_child_the_api_server_refuses_is_rejected_at_once(cluster: Cluster) -> None:

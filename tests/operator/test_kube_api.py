@@ -312,6 +312,20 @@ def test_writes_are_counted(served: ServedKubeApi) -> None:
     assert served.api.write_count() == before + 1
 
 
+def test_writes_are_counted_by_what_they_are_about(served: ServedKubeApi) -> None:
+    """A model's own writes, its children's and events about it; not its neighbour's."""
+    events = "/api/v1/namespaces/default/events"
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "about"}})
+    call(served, "PATCH", f"{CONFIGMAPS}/about", {"data": {"a": "1"}})
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "about-batching"}})
+    call(served, "POST", CONFIGMAPS, {"metadata": {"name": "aboutness"}})
+    regarding = {"kind": "ConfigMap", "name": "about", "namespace": "default"}
+    event = {"metadata": {"generateName": "about."}, "involvedObject": regarding}
+    call(served, "POST", events, {**event, "reason": "Told", "message": "m", "type": "Normal"})
+    assert served.api.write_count(about="about") == 4
+    assert served.api.write_count(about="aboutness") == 1
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """One length-delimited protobuf field (all lengths here stay below 128)."""
     return bytes([number << 3 | 2, len(payload)]) + payload

@@ -265,6 +265,23 @@ class Record:
     agent: str
     content_type: str
     query: str = ""
+    # The name of the object a write is about: the path's, a created object's, or an event's
+    # involved object's.
+    subject: str = ""
+
+
+def _subject(path: str, data: Any) -> str:
+    body = data if isinstance(data, dict) else {}
+    for reference in ("involvedObject", "regarding"):  # an event (core/v1, events/v1)
+        if isinstance(named := body.get(reference), dict) and "name" in named:
+            return str(named["name"])
+    segments = path.strip("/").split("/")
+    if "namespaces" in segments:
+        after = segments[segments.index("namespaces") + 1 :]
+        if len(after) >= 3:  # namespace, plural, name[, subresource]
+            return after[2]
+    metadata = body.get("metadata")
+    return str(metadata.get("name", "")) if isinstance(metadata, dict) else ""
 
 
 @dataclass
@@ -356,9 +373,16 @@ class KubeApiServer(kmock.KubernetesEmulator):
 
     # ---- for tests --------------------------------------------------------------------------
 
-    def write_count(self, *, agent: str = "") -> int:
-        """Write requests so far (POST, PUT, PATCH, DELETE) whose User-Agent contains `agent`."""
-        return sum(1 for r in list(self.records) if r.method in WRITE_METHODS and agent in r.agent)
+    def write_count(self, *, agent: str = "", about: str | None = None) -> int:
+        """Write requests so far (POST, PUT, PATCH, DELETE) whose User-Agent contains `agent`;
+        `about`: only those about the object of that name or its children (`about-...`)."""
+        return sum(
+            1
+            for r in list(self.records)
+            if r.method in WRITE_METHODS
+            and agent in r.agent
+            and (about is None or r.subject == about or r.subject.startswith(f"{about}-"))
+        )
 
     def request_count(self, method: str, path: str, *, agent: str = "") -> int:
         return sum(
@@ -427,6 +451,7 @@ class KubeApiServer(kmock.KubernetesEmulator):
                 headers.get("user-agent", ""),
                 headers.get("content-type", ""),
                 request.url.query_string,
+                _subject(request.url.path, request.data),
             )
         )
         try:
