@@ -139,10 +139,12 @@ class InferenceServicer:
                     response = await self._infer(message, context, arrived_at, remaining)
                 except asyncio.CancelledError:
                     # grpc.aio cancels the method at the deadline by its own clock, which may
-                    # run a hair ahead of the loop's.
+                    # run a hair ahead of the loop's: whichever ends the call, it counts as
+                    # the sidecar's own timer counts it.
                     deadline = None if remaining is None else arrived_at + remaining
                     if deadline is not None and loop.time() >= deadline - CLOCK_SLACK_S:
                         answer.status = DeadlineExceeded.status
+                        self._metrics.reject(DeadlineExceeded.rejected_reason)
                     raise
                 finally:
                     self._calls -= 1
