@@ -132,7 +132,7 @@ class InferenceServicer:
         remaining = context.time_remaining()
         try:
             # Counted before the status goes out, so a caller who reads /metrics sees it.
-            with self._metrics.answering(PROTOCOL, loop.time, arrived_at) as answer:
+            with self._metrics.answering(PROTOCOL) as answer:
                 self._admit()
                 self._calls += 1
                 try:
