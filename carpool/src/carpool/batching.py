@@ -161,7 +161,7 @@ class Batched(Generic[ItemT, ResultT]):
         loop = asyncio.get_running_loop()
         started = loop.time()
         key = BatchKey(None if self._group_by is None else self._group_by(item))
-        with self.metrics.answering(IN_PROCESS, loop.time, started) as answer:
+        with self.metrics.answering(IN_PROCESS) as answer:
             (outcome,) = await batcher.submit([item], key, started + timeout_s, priority=priority)
             if isinstance(outcome, Exception):
                 raise outcome  # counted 500: the function failed on this item

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -69,12 +68,7 @@ async def answered(
 ) -> web.StreamResponse:
     """`handling`'s response, or its error as HTTP: the one place errors become answers. A
     `counted` request counts in carpool_requests_total and its duration histogram."""
-    # Not the loop's clock: uvloop's counts whole milliseconds, from the turn's start.
-    counting = (
-        sidecar.metrics.answering("rest", time.monotonic)
-        if counted
-        else contextlib.nullcontext(Answer())
-    )
+    counting = sidecar.metrics.answering("rest") if counted else contextlib.nullcontext(Answer())
     try:
         with counting as answer:
             try:

@@ -131,7 +131,7 @@ class ModelUnreachable(Unavailable):
 class DeadlineExceeded(SidecarError):
     status = 504
     description = "The request's deadline passed."
-    rejected_reason = "deadline"
+    rejected_reason: str = "deadline"
 
 
 def _bounded(message: str) -> str:

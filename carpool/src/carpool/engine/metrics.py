@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -213,42 +214,33 @@ class SidecarMetrics:
         if self._objective_s and code < 300 and seconds <= self._objective_s:
             self.within_objective.inc()
 
-    def answering(
-        self, protocol: str, clock: Callable[[], float], started: float | None = None
-    ) -> Answering:
+    def answering(self, protocol: str) -> Answering:
         """Count one request once, however it ends: the one place every front (REST, gRPC,
         `carpool.batch`) counts its answers.
 
         The front sets `status` when it answers; a SidecarError gives its own status (and
         its refusal reason), another exception 500 unless the front set one, and a request
         whose front never answered (cancelled: the caller left) counts as CLIENT_GONE. Its
-        time runs from `started` (default: now) by `clock`.
+        time runs from entering the block, by `time.monotonic`: not by the loop's clock,
+        which on uvloop counts whole milliseconds, and many an answer takes less.
         """
-        return Answering(self, protocol, clock, started)
+        return Answering(self, protocol)
 
 
 class Answering:
     """`SidecarMetrics.answering`'s context: a class rather than a generator, as it runs
     once per request."""
 
-    __slots__ = ("_answer", "_begun", "_clock", "_metrics", "_protocol")
+    __slots__ = ("_answer", "_begun", "_metrics", "_protocol")
 
-    def __init__(
-        self,
-        metrics: SidecarMetrics,
-        protocol: str,
-        clock: Callable[[], float],
-        started: float | None,
-    ) -> None:
+    def __init__(self, metrics: SidecarMetrics, protocol: str) -> None:
         self._metrics = metrics
         self._protocol = protocol
-        self._clock = clock
-        self._begun = started
+        self._begun = 0.0
         self._answer = Answer()
 
     def __enter__(self) -> Answer:
-        if self._begun is None:
-            self._begun = self._clock()
+        self._begun = time.monotonic()
         return self._answer
 
     def __exit__(
@@ -264,6 +256,4 @@ class Answering:
                 self._metrics.reject(error.rejected_reason)
         elif isinstance(error, Exception) and answer.status == CLIENT_GONE:
             answer.status = 500  # unless the front said what it answers
-        begun = self._begun
-        assert begun is not None
-        self._metrics.answered(answer.status, self._clock() - begun, self._protocol)
+        self._metrics.answered(answer.status, time.monotonic() - self._begun, self._protocol)

@@ -132,17 +132,19 @@ class InferenceServicer:
         remaining = context.time_remaining()
         try:
             # Counted before the status goes out, so a caller who reads /metrics sees it.
-            with self._metrics.answering(PROTOCOL, loop.time, arrived_at) as answer:
+            with self._metrics.answering(PROTOCOL) as answer:
                 self._admit()
                 self._calls += 1
                 try:
                     response = await self._infer(message, context, arrived_at, remaining)
                 except asyncio.CancelledError:
                     # grpc.aio cancels the method at the deadline by its own clock, which may
-                    # run a hair ahead of the loop's.
+                    # run a hair ahead of the loop's: whichever ends the call, it counts as
+                    # the sidecar's own timer counts it.
                     deadline = None if remaining is None else arrived_at + remaining
                     if deadline is not None and loop.time() >= deadline - CLOCK_SLACK_S:
                         answer.status = DeadlineExceeded.status
+                        self._metrics.reject(DeadlineExceeded.rejected_reason)
                     raise
                 finally:
                     self._calls -= 1

@@ -151,7 +151,7 @@ async def _answer_one(
     arrived_at = loop.time()
     failure: SidecarError | None = None
     try:
-        with metrics.answering(protocol, loop.time, arrived_at) as counted:
+        with metrics.answering(protocol) as counted:
             dataplane.check_model(request.model_name, request.model_version or None)
             infer_request = codec.parse_request(request, dataplane.bounds())
             pieces = dataplane.infer_stream(infer_request, None, arrived_at, limit)

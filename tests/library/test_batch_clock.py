@@ -1,0 +1,43 @@
+"""`carpool.batch` on a loop whose clock is coarse, as uvloop's is (whole milliseconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client import CollectorRegistry
+
+import carpool
+
+
+class StillClockLoop(asyncio.SelectorEventLoop):
+    """A loop whose clock does not move: uvloop's reads the same for a whole millisecond,
+    in which a call of a fast function is over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._now = time.monotonic()
+
+    def time(self) -> float:
+        return self._now
+
+
+def test_a_call_within_a_tick_of_the_loops_clock_still_takes_its_time() -> None:
+    registry = CollectorRegistry()
+
+    @carpool.batch(max_batch_size=4, max_wait_ms=0, registry=registry)
+    async def double(values: list[int]) -> list[int]:
+        return [2 * value for value in values]
+
+    async def call() -> int:
+        try:
+            return await double(21)
+        finally:
+            await double.aclose()
+
+    with asyncio.Runner(loop_factory=StillClockLoop) as runner:
+        assert runner.run(call()) == 42
+    labels = {"model": "double", "protocol": "inprocess"}
+    assert registry.get_sample_value("carpool_requests_total", {**labels, "code": "200"}) == 1
+    took = registry.get_sample_value("carpool_request_duration_seconds_sum", labels)
+    assert took is not None and 0 < took < 1
