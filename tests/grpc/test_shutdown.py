@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.model_server import SUPPORT_DIR
@@ -89,3 +90,32 @@ async def test_sigterm_ends_open_streams_once_their_requests_are_answered(tmp_pa
                     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
         assert sidecar.process.wait(25) == 0
         assert time.monotonic() - started < 10
+
+
+async def test_a_front_slow_to_close_does_not_stretch_the_drain(tmp_path: Path) -> None:
+    """The drain's grace counts from its start, whatever the fronts take to close their port:
+    a gRPC call whose batch outlasts it ends UNAVAILABLE (retry elsewhere) when the grace
+    is over, not once a stalled front has answered or been given up on."""
+    slow = {**SLOW, "CARPOOL_TEST_INFER_S": "4"}
+    drain = ("--drain-seconds", "0.5", "--max-inflight-batches", "1", "--front-processes", "2")
+    with run_pair(tmp_path, "model_handlers:SlowInferHandler", *drain, *NO_DELAY, env=slow) as pair:
+        sidecar = pair.sidecar
+        async with grpc.aio.insecure_channel(sidecar.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            held = asyncio.ensure_future(stub.ModelInfer(toy_request(1)))
+            await asyncio.to_thread(
+                wait_for, lambda: metric(sidecar, "carpool_inflight_batches") == 1
+            )
+            stalled = psutil.Process(sidecar.process.pid).children()[0]
+            stalled.suspend()
+            try:
+                sidecar.process.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                with pytest.raises(grpc.aio.AioRpcError) as ended:
+                    await held
+                waited = time.monotonic() - started
+            finally:
+                stalled.resume()
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+        assert waited < 1.5, f"answered {waited:.1f} s after SIGTERM, the grace is 0.5 s"
+        assert sidecar.process.wait(10) == 0, sidecar.log()
