@@ -139,13 +139,12 @@ async def serve(config: SidecarConfig) -> int:
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )
         await asyncio.sleep(config.drain_delay_seconds)
-        loop = asyncio.get_running_loop()
-        drained_by = loop.time() + config.drain_seconds
-        sidecar.sending.drained_by = drained_by
+        sending = sidecar.sending
+        sending.drained_by = asyncio.get_running_loop().time() + config.drain_seconds
         # Open connections stay; each answers with Connection: close from the SIGTERM on.
         await site.stop()
-        await sidecar.drain(config.drain_seconds)
+        await sidecar.drain(sending.drain_left_s())
         # Answers still unread by the end of the grace are cut: the exit keeps its promise.
-        await sidecar.sending.finish(max(0.0, drained_by - loop.time()))
+        await sending.finish(sending.drain_left_s())
     log.info("sidecar stopped")
     return 0

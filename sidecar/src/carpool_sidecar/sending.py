@@ -39,6 +39,12 @@ class AnswerSending:
         self._done = asyncio.Event()
         self._done.set()
 
+    def drain_left_s(self) -> float:
+        """Seconds left until `drained_by` (0 once past): every step of a drain takes its
+        time from this one deadline, so that the steps together keep to the grace."""
+        assert self.drained_by is not None, "no drain yet"
+        return max(0.0, self.drained_by - asyncio.get_running_loop().time())
+
     async def send(
         self,
         request: web.BaseRequest,

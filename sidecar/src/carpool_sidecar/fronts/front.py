@@ -104,16 +104,14 @@ async def serve(link_fd: int, listen_fd: int) -> int:
         if grace_s is None:
             log.error("the sidecar's batching process is gone; this front stops")
             return 1
-        loop = asyncio.get_running_loop()
-        drained_by = loop.time() + grace_s
-        front.sending.drained_by = drained_by
+        front.sending.drained_by = asyncio.get_running_loop().time() + grace_s
         await site.stop()
         front.batcher.closed()
         # The batching process drains: every request sent to it gets its answer in time.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace_s + SHUTDOWN_TIMEOUT_S):
                 await front.batcher.idle()
-        await front.sending.finish(max(0.0, drained_by - loop.time()))
+        await front.sending.finish(front.sending.drain_left_s())
     finally:
         await runner.cleanup()
     return 0

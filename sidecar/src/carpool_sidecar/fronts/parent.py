@@ -63,11 +63,11 @@ async def serve(config: SidecarConfig) -> int:
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )
         await asyncio.sleep(config.drain_delay_seconds)
-        loop = asyncio.get_running_loop()
-        drained_by = loop.time() + config.drain_seconds
-        sidecar.sending.drained_by = drained_by  # gRPC's grace
-        await hub.close_ports(config.drain_seconds, CLOSE_TIMEOUT_S)
-        await sidecar.drain(config.drain_seconds)
-        await pool.stopped(max(0.0, drained_by - loop.time()) + SHUTDOWN_TIMEOUT_S)
+        sending = sidecar.sending
+        sending.drained_by = asyncio.get_running_loop().time() + config.drain_seconds
+        # The fronts' closing is part of the drain: a front slow to close takes from its grace.
+        await hub.close_ports(config.drain_seconds, min(CLOSE_TIMEOUT_S, config.drain_seconds))
+        await sidecar.drain(sending.drain_left_s())
+        await pool.stopped(sending.drain_left_s() + SHUTDOWN_TIMEOUT_S)
     log.info("sidecar stopped")
     return 0

@@ -115,10 +115,9 @@ def method_handlers(
 
 def _grace(sidecar: Sidecar) -> float:
     """Time left to send the last answers: what remains of the drain, once one ran."""
-    drained_by = sidecar.sending.drained_by
-    if drained_by is None:
+    if sidecar.sending.drained_by is None:
         return STOP_GRACE_S
-    return max(0.0, drained_by - asyncio.get_running_loop().time())
+    return sidecar.sending.drain_left_s()
 
 
 def _report_early_end(task: asyncio.Task[None]) -> None:
