@@ -4,7 +4,6 @@ from its own seed, so a seeded request's text does not depend on its company."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,8 @@ from carpool_model_server.handler_text_generation import Answer, TextGenerationH
 
 
 @pytest.fixture(scope="module")
-def handler(tiny_lm_path: Path) -> Iterator[TextGenerationHandler]:
-    settings = HandlerSettings(tiny_lm_path, torch.float32, 16, {"batching": "continuous"})
-    loaded = TextGenerationHandler(settings)
-    loaded.load(torch.device("cpu"))
-    yield loaded
-    loaded.close()
+def handler(token_loop: TextGenerationHandler) -> TextGenerationHandler:
+    return token_loop
 
 
 def sampled(seed: int, new_tokens: int = 30, stop: list[str] | None = None) -> Item:

@@ -94,6 +94,25 @@ def test_any_tokens_stream_as_they_decode(byte_level: Any, tiny_lm_path: Path, s
         assert_streams_as_decoded(tokenizer, ids)
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_tokens_that_come_together_read_as_they_do_one_at_a_time(
+    byte_level: Any, sentencepiece: Any, cleaning: Any, tiny_lm_path: Path, seed: int
+) -> None:
+    """A reader behind the token loop takes a sequence's tokens several at a time: the text
+    at each is the one it reads taking them one by one (bytes that turn out no character
+    among them, for the Llama-style tokenizer; spaces held for the clean-up)."""
+    rng = random.Random(seed)
+    lm = AutoTokenizer.from_pretrained(tiny_lm_path)
+    for tokenizer in (byte_level, sentencepiece, cleaning, lm):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(60)]
+        prompt = [rng.randrange(len(tokenizer)) for _ in range(8)]
+        one_by_one = texts_as_tokens_come(tokenizer, ids, prompt)
+        text, count = StreamedText(tokenizer, prompt), 0
+        while count < len(ids):
+            count = min(len(ids), count + rng.randint(2, 9))
+            assert text.extend(ids[:count]) == one_by_one[count - 1]
+
+
 @pytest.fixture(scope="module")
 def cleaning() -> Any:
     """A word-level tokenizer whose text transformers cleans up after decoding."""

@@ -4,7 +4,8 @@
 The manager runs the model on a thread of its own: at every decoding step sequences join
 (their prompt is prefilled in the same step) and leave (their pages freed), so a request
 that wants 5 tokens never waits for a neighbour that wants 500, and one that arrives while
-others decode starts at the next step. Each request's tokens come back as they are made;
+others decode starts at the next step. Each request's tokens come back as they are made (a
+reader that fell behind takes those it missed at once: one output waits, `Latest`);
 `TokenLoop.generate` turns them into text pieces whose concatenation is the whole answer,
 applies the request's stop strings (a piece never shows text a stop string may still cut)
 and ends the sequence early when its caller goes away.
@@ -17,7 +18,6 @@ beside it and whenever it arrives, the tokens the static way draws for that seed
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import itertools
@@ -33,6 +33,7 @@ from carpool.contract import generation
 from carpool_model_server import row_choice
 from carpool_model_server.errors import DeviceFailed
 from carpool_model_server.handler_text_generation import Answer, Request, cut_at_stop, finish
+from carpool_model_server.latest import Latest
 from carpool_model_server.streamed_text import StreamedText
 
 log = logging.getLogger(__name__)
@@ -183,11 +184,15 @@ class TokenLoop:
     async def generate(self, request: Request) -> AsyncGenerator[Piece, None]:
         """The request's answer, piece by piece as its tokens come. Closing the iterator
         early (the caller left) ends the sequence at the loop's next step."""
-        outputs: asyncio.Queue[Any] = asyncio.Queue()
+        # Each output holds the sequence's tokens so far: a reader held up (a slow sidecar)
+        # needs only the newest. transformers calls the handler on this thread (by
+        # call_soon_threadsafe from its own, a step's outputs in one callback, in order).
+        outputs: Latest[Any] = Latest(final=_final)
         request_id = f"carpool-{next(self._ids)}"
-        self._manager.register_result_handler(request_id, outputs.put_nowait)
+        self._manager.register_result_handler(request_id, outputs.put)
         text = StreamedText(self.tokenizer, request.prompt_ids)
         shown = ""
+        read = 0  # tokens of the last output read
         finished = False  # by the loop: nothing to cancel
         try:
             added = self._manager.add_request(
@@ -214,7 +219,8 @@ class TokenLoop:
                     raise RuntimeError(f"generation failed: {output.error}")
                 finished = output.is_finished()
                 tokens: list[int] = output.generated_tokens
-                answer = self._answer(tokens, text.extend(tokens), request, done=finished)
+                answer = self._answer(tokens, text.extend(tokens), request, finished, read)
+                read = len(tokens)
                 if answer is not None:
                     yield Piece(_rest(answer.text, shown), answer)
                     return
@@ -236,14 +242,38 @@ class TokenLoop:
                 while True:
                     router.output_queue.get_nowait()
 
-    def _answer(self, tokens: list[int], text: str, request: Request, done: bool) -> Answer | None:
+    def _answer(
+        self, tokens: list[int], text: str, request: Request, done: bool, read: int
+    ) -> Answer | None:
         """The whole answer once the sequence ended or a stop string cut its `text` (that
-        of `tokens` so far), else None."""
+        of `tokens` so far, the first `read` of them without one), else None."""
         if done or cut_at_stop(text, request.stop) != text:
-            answer = finish(self.tokenizer, self.eos_ids, list(tokens), request)
-            if done or answer.finish_reason == generation.STOP_SEQUENCE:
+            answer = finish(self.tokenizer, self.eos_ids, tokens, request)
+            if answer.finish_reason == generation.STOP_SEQUENCE:
+                return self._first_stop(tokens, read, request, answer)
+            if done:
                 return answer
         return None
+
+    def _first_stop(self, tokens: list[int], read: int, request: Request, answer: Answer) -> Answer:
+        """The `answer` a stop string cut as at the fewest tokens whose text holds it, when
+        the tokens past the `read` ones came at once (their reader fell behind): it counts
+        the tokens a reader that kept up got, as the static way does. Sought by halves (text
+        that holds a stop string goes on holding it): a few decodes, once a sequence."""
+        low, high = read, len(tokens)  # no stop string in the text of `low` tokens
+        while high - low > 1:
+            middle = (low + high) // 2
+            shorter = finish(self.tokenizer, self.eos_ids, tokens[:middle], request)
+            if shorter.finish_reason == generation.STOP_SEQUENCE:
+                high, answer = middle, shorter
+            else:
+                low = middle
+        return answer
+
+
+def _final(output: Any) -> bool:
+    """Whether a loop's output is a sequence's last (its end, or its error)."""
+    return output.is_finished() or output.error is not None
 
 
 def _visible(text: str, stop: tuple[str, ...]) -> str:
