@@ -330,6 +330,8 @@ async def test_a_wrong_infer_path_or_method_is_refused_in_json(
         assert reply.status == status
         assert reply.headers["Content-Type"] == "application/json"
         assert (await reply.json())["error"]
+        if status == 405:  # RFC 9110: a 405 names the methods the resource takes
+            assert reply.headers["Allow"] == "POST"
 
 
 @pytest.mark.parametrize("path", ["/v2/models/toy/infer", "/v1/models/toy:predict"])

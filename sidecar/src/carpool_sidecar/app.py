@@ -92,8 +92,10 @@ async def answered(
         if error.close_connection:
             response.force_close()
     except web.HTTPException as error:
-        # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
-        response = error_response(error.status, error.reason)
+        # aiohttp's own refusals (unknown route, wrong method) speak JSON too, keeping their
+        # other headers (a 405's Allow).
+        kept = {name: value for name, value in error.headers.items() if name != "Content-Type"}
+        response = error_response(error.status, error.reason, kept)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         response = error_response(500, INTERNAL_MESSAGE)
