@@ -18,7 +18,7 @@ from importlib.metadata import version
 from typing import cast
 
 import orjson
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from carpool.contract.metadata import TensorSpec
@@ -230,6 +230,10 @@ async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
         piece = await anext(pieces)
         extra = oip_generate.answer_headers(generate_request)
         response = web.StreamResponse(headers={**SSE_HEADERS, **extra})
+        if request.version < HttpVersion11:
+            # No chunks before HTTP/1.1: the answer ends as its connection closes, whatever
+            # keep-alive the client asked for (aiohttp would keep it).
+            response.force_close()
         await response.prepare(request)
         sent = 0
         try:
