@@ -193,3 +193,24 @@ async def test_the_library_reads_a_stream_as_an_async_iterator(pair: Pair) -> No
     assert [event.done for event in events] == [False] * (len(events) - 1) + [True]
     assert events[-1].generated_tokens == whole["generated_tokens"] == 12
     assert refused.value.status == 400 and "stop" in refused.value.message
+
+
+async def test_an_http_1_0_client_that_asks_to_keep_alive_sees_the_stream_end(
+    pair: Pair,
+) -> None:
+    """HTTP/1.0 has no chunks: an answer of unknown length ends only as its connection
+    closes. (Before, aiohttp kept the connection open for the keep-alive asked for, and the
+    client waited for the answer's end until its own timeout.)"""
+    body = orjson.dumps(request("the sky", max_tokens=3))
+    host, port = pair.sidecar.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST {STREAM} HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: {len(body)}"
+    writer.write(head.encode() + b"\r\n\r\n" + body)
+    try:
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # to the connection's end
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.0 200")
+    *_, last = (line for line in answer.split(b"\n") if line.startswith(b"data: "))
+    assert orjson.loads(last[len(b"data: ") :])["done"]

@@ -330,6 +330,23 @@ async def test_a_wrong_infer_path_or_method_is_refused_in_json(
         assert reply.status == status
         assert reply.headers["Content-Type"] == "application/json"
         assert (await reply.json())["error"]
+        if status == 405:  # RFC 9110: a 405 names the methods the resource takes
+            assert reply.headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize("path", ["/v2/models/toy/infer", "/v1/models/toy:predict"])
+async def test_a_body_not_in_its_content_encoding_is_400(sidecar: Sidecar, path: str) -> None:
+    """Plain JSON said to be gzip: aiohttp fails to decode it as the route reads the body.
+    (Before: 500, "internal error", and two tracebacks in the log.)"""
+    rejected_before = metric(sidecar, "carpool_rejected_total", reason="bad_request")
+    headers = {"Content-Encoding": "gzip"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(sidecar.url + path, json=v2_body([[1, 2, 3, 4]]), headers=headers) as reply,
+    ):
+        assert reply.status == 400
+        assert "content-encoding: gzip" in (await reply.json())["error"]
+    assert metric(sidecar, "carpool_rejected_total", reason="bad_request") == rejected_before + 1
 
 
 async def test_header_length_with_a_non_ascii_digit_is_400(sidecar: Sidecar) -> None:

@@ -17,7 +17,7 @@ from importlib.metadata import version
 from typing import cast
 
 import orjson
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from carpool.contract.metadata import TensorSpec
@@ -86,8 +86,10 @@ async def answered(
         if error.close_connection:
             response.force_close()
     except web.HTTPException as error:
-        # aiohttp's own refusals (unknown route, wrong method) speak JSON too.
-        response = error_response(error.status, error.reason)
+        # aiohttp's own refusals (unknown route, wrong method) speak JSON too, keeping their
+        # other headers (a 405's Allow).
+        kept = {name: value for name, value in error.headers.items() if name != "Content-Type"}
+        response = error_response(error.status, error.reason, kept)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         response = error_response(500, INTERNAL_MESSAGE)
@@ -222,6 +224,10 @@ async def v2_generate_stream(request: web.Request) -> web.StreamResponse:
         piece = await anext(pieces)
         extra = oip_generate.answer_headers(generate_request)
         response = web.StreamResponse(headers={**SSE_HEADERS, **extra})
+        if request.version < HttpVersion11:
+            # No chunks before HTTP/1.1: the answer ends as its connection closes, whatever
+            # keep-alive the client asked for (aiohttp would keep it).
+            response.force_close()
         await response.prepare(request)
         sent = 0
         try:

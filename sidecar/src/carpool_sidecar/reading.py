@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import StreamReader
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
-from carpool.engine.errors import BodyTimeout, PayloadTooLarge, Unavailable
+from carpool.engine.errors import BadRequest, BodyTimeout, PayloadTooLarge, Unavailable
 
 # What a refused caller is told to wait: bodies being read finish or time out within seconds.
 BUSY_RETRY_AFTER_S = 1
@@ -51,8 +53,8 @@ async def read_body(
 
     Raises PayloadTooLarge (before reading, when the declared length says so), BodyTimeout
     when nothing arrives for `idle_s` or the body is incomplete at the deadline, Unavailable
-    when the budget is spent; all but an Unavailable before the first byte close the
-    connection.
+    when the budget is spent, BadRequest when aiohttp cannot decode it; all but an
+    Unavailable before the first byte close the connection.
     """
     if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(
@@ -78,6 +80,11 @@ async def read_body(
             budget.check(close_connection=True)
             body += chunk
             budget.held += len(chunk)
+    except RequestPayloadError as error:
+        # aiohttp could not decode the body: its Content-Encoding or its chunks are broken.
+        cause = error.__cause__
+        reason = cause.message if isinstance(cause, HttpProcessingError) else str(error)
+        raise BadRequest(f"the body cannot be read: {reason}", close_connection=True) from None
     finally:
         budget.held -= len(body)
 
