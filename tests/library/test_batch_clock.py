@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from prometheus_client import CollectorRegistry
+from support.virtual_time import StillClockLoop
 
 import carpool
-
-
-class StillClockLoop(asyncio.SelectorEventLoop):
-    """A loop whose clock does not move: uvloop's reads the same for a whole millisecond,
-    in which a call of a fast function is over."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._now = time.monotonic()
-
-    def time(self) -> float:
-        return self._now
 
 
 def test_a_call_within_a_tick_of_the_loops_clock_still_takes_its_time() -> None:
