@@ -63,6 +63,10 @@ def test_json_nested_and_flat_data_agree() -> None:
         ("UINT64", [0, 1, 2**63, -1], "out of range"),
         ("INT64", [0, 1, 2**63, 2], "out of range"),
         ("UINT64", [0, 1, 2**63, 1.5], "does not fit UINT64"),
+        # A finite number past the type's range would be infinite: refused, not made inf.
+        ("FP32", [0, 1, 1e300, 2], "out of range for FP32"),
+        ("FP16", [0, 1, 70000, 2], "out of range for FP16"),
+        ("BF16", [0, 1, -1e300, 2], "out of range for BF16"),
     ],
 )
 def test_json_data_that_does_not_fit_is_refused(

@@ -73,7 +73,7 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Ar
     check_count(name, shape, raw.size)
     if datatype == "BF16":
         _require_kind(name, datatype, raw, "iuf")
-        return float32_to_bf16(raw.astype(np.float32))
+        return float32_to_bf16(_finite_cast(name, datatype, raw, np.dtype(np.float32)))
     dtype = NUMPY_DTYPES[datatype]
     if dtype.kind == "b":
         _require_kind(name, datatype, raw, "b")
@@ -88,7 +88,18 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Ar
                 raise BadRequest(f"input {name!r}: values out of range for {datatype}")
     else:
         _require_kind(name, datatype, raw, "iuf")
+        return _finite_cast(name, datatype, raw, dtype)
     return raw.astype(dtype, copy=False)
+
+
+def _finite_cast(name: str, datatype: str, raw: Array, dtype: np.dtype[Any]) -> Array:
+    """`raw` as floats of `dtype`; BadRequest for a number past its range, which the cast
+    would make infinite (JSON holds finite numbers only)."""
+    with np.errstate(over="ignore"):
+        converted = raw.astype(dtype, copy=False)
+    if not np.isfinite(converted).all():
+        raise BadRequest(f"input {name!r}: values out of range for {datatype}")
+    return converted
 
 
 def from_binary(
