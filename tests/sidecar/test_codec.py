@@ -67,6 +67,8 @@ def test_json_nested_and_flat_data_agree() -> None:
         ("FP32", [0, 1, 1e300, 2], "out of range for FP32"),
         ("FP16", [0, 1, 70000, 2], "out of range for FP16"),
         ("BF16", [0, 1, -1e300, 2], "out of range for BF16"),
+        # Finite as FP32, past BF16's largest (3.3895e38) by over half a step: rounds to inf.
+        ("BF16", [0, 1, 3.4e38, 2], "out of range for BF16"),
     ],
 )
 def test_json_data_that_does_not_fit_is_refused(

@@ -247,28 +247,23 @@ class TokenLoop:
     ) -> Answer | None:
         """The whole answer once the sequence ended or a stop string cut its `text` (that
         of `tokens` so far, the first `read` of them without one), else None."""
-        if done or cut_at_stop(text, request.stop) != text:
-            answer = finish(self.tokenizer, self.eos_ids, tokens, request)
+        answer = finish(self.tokenizer, self.eos_ids, tokens, request) if done else None
+        stopped = answer is not None and answer.finish_reason == generation.STOP_SEQUENCE
+        if stopped or cut_at_stop(text, request.stop) != text:
+            return self._first_stop(tokens, read, request) or answer
+        return answer
+
+    def _first_stop(self, tokens: list[int], read: int, request: Request) -> Answer | None:
+        """The answer a stop string cut at the fewest tokens past the `read` ones whose text
+        holds it, if any: when they came at once (their reader fell behind), it counts the
+        tokens a reader that kept up got, as the static way does. Each count is looked at,
+        not sought by halves: a later token may rewrite the text that held a stop string (a
+        byte that makes the "é" before it no UTF-8), and then the whole text holds none."""
+        for count in range(read + 1, len(tokens) + 1):
+            answer = finish(self.tokenizer, self.eos_ids, tokens[:count], request)
             if answer.finish_reason == generation.STOP_SEQUENCE:
-                return self._first_stop(tokens, read, request, answer)
-            if done:
                 return answer
         return None
-
-    def _first_stop(self, tokens: list[int], read: int, request: Request, answer: Answer) -> Answer:
-        """The `answer` a stop string cut as at the fewest tokens whose text holds it, when
-        the tokens past the `read` ones came at once (their reader fell behind): it counts
-        the tokens a reader that kept up got, as the static way does. Sought by halves (text
-        that holds a stop string goes on holding it): a few decodes, once a sequence."""
-        low, high = read, len(tokens)  # no stop string in the text of `low` tokens
-        while high - low > 1:
-            middle = (low + high) // 2
-            shorter = finish(self.tokenizer, self.eos_ids, tokens[:middle], request)
-            if shorter.finish_reason == generation.STOP_SEQUENCE:
-                high, answer = middle, shorter
-            else:
-                low = middle
-        return answer
 
 
 def _final(output: Any) -> bool:

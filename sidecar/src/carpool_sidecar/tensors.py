@@ -73,7 +73,10 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Ar
     check_count(name, shape, raw.size)
     if datatype == "BF16":
         _require_kind(name, datatype, raw, "iuf")
-        return float32_to_bf16(_finite_cast(name, datatype, raw, np.dtype(np.float32)))
+        words = float32_to_bf16(_finite_cast(name, datatype, raw, np.dtype(np.float32)))
+        # FP32's largest numbers round up past BF16's largest (3.3895e38): to its infinity.
+        _finite(name, datatype, bf16_to_float32(words))
+        return words
     dtype = NUMPY_DTYPES[datatype]
     if dtype.kind == "b":
         _require_kind(name, datatype, raw, "b")
@@ -96,10 +99,13 @@ def _finite_cast(name: str, datatype: str, raw: Array, dtype: np.dtype[Any]) -> 
     """`raw` as floats of `dtype`; BadRequest for a number past its range, which the cast
     would make infinite (JSON holds finite numbers only)."""
     with np.errstate(over="ignore"):
-        converted = raw.astype(dtype, copy=False)
-    if not np.isfinite(converted).all():
+        return _finite(name, datatype, raw.astype(dtype, copy=False))
+
+
+def _finite(name: str, datatype: str, values: Array) -> Array:
+    if not np.isfinite(values).all():
         raise BadRequest(f"input {name!r}: values out of range for {datatype}")
-    return converted
+    return values
 
 
 def from_binary(
