@@ -190,3 +190,23 @@ async def test_a_body_over_a_fronts_share_of_the_reading_budget_gets_413(
             async with http.post(url, data=body) as reply:
                 assert reply.status == 413, await reply.text()
             assert (await infer(http, pair.sidecar, [[1, 2, 3, 4]]))[0] == 200
+
+
+async def test_sigterm_while_a_front_waits_to_restart_leaves_the_drain_serving(
+    tmp_path: Path,
+) -> None:
+    args = (*FRONTS, "--drain-delay-seconds", "3")
+    with run_pair(tmp_path, "toy", *args) as pair:
+        sidecar = pair.sidecar
+        fronts(sidecar)[0].kill()
+        await asyncio.to_thread(wait_for, lambda: "starting another" in sidecar.log())
+        sidecar.process.send_signal(signal.SIGTERM)  # within the 0.25 s before the restart
+        await asyncio.to_thread(wait_for, lambda: "not ready; serving" in sidecar.log())
+        await asyncio.sleep(1.0)  # past the restart's time
+        # Still in the drain delay: the front left serves, live, and answers what comes.
+        assert get(sidecar, "/v2/health/live")[0] == 200, sidecar.log()
+        async with aiohttp.ClientSession() as http:
+            status, body = await infer(http, sidecar, [[1, 2, 3, 4]])
+        assert status == 200, body
+        assert sidecar.process.wait(15) == 0, sidecar.log()
+        assert "ended early" not in sidecar.log()

@@ -60,7 +60,7 @@ class FrontPool:
         self._hub = hub
         self._listeners = listeners
         self._on_death = on_death
-        self._stopping = False
+        self._stopping = asyncio.Event()
         self._none_running = asyncio.Event()
         self.pids: dict[int, int] = {}  # slot: pid of the front running there
 
@@ -70,11 +70,11 @@ class FrontPool:
         tending = {f"front-{slot}": self._tend(slot) for slot in range(len(self._listeners))}
         async with supervised(tending, self._on_death):
             yield
-        self._stopping = True
+        self._stopping.set()
 
     def stop(self) -> None:
         """From now on a front that exits is not started again: the sidecar is stopping."""
-        self._stopping = True
+        self._stopping.set()
 
     async def stopped(self, timeout_s: float) -> None:
         """Wait for the fronts to exit of themselves (after CLOSE), at most `timeout_s`."""
@@ -86,10 +86,11 @@ class FrontPool:
         """Runs until cancelled: the front of `slot`, started again whenever it exits."""
         delay = RESTART_S
         loop = asyncio.get_running_loop()
-        while True:
+        # Not after a SIGTERM, one in the restart's delay too: the socket is closed by then.
+        while not self._stopping.is_set():
             started = loop.time()
             code = await self._run(slot)
-            if self._stopping:
+            if self._stopping.is_set():
                 break
             log.error("front process %d exited with %s; starting another", slot, code)
             delay = RESTART_S if loop.time() - started > LIVED_S else delay
