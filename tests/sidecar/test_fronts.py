@@ -192,6 +192,35 @@ async def test_a_body_over_a_fronts_share_of_the_reading_budget_gets_413(
             assert (await infer(http, pair.sidecar, [[1, 2, 3, 4]]))[0] == 200
 
 
+async def test_counts_stay_whole_when_fronts_are_killed_and_restarted(tmp_path: Path) -> None:
+    with run_pair(tmp_path, "toy", *FRONTS) as pair:
+        sidecar = pair.sidecar
+        sessions = [aiohttp.ClientSession() for _ in range(8)]
+        try:
+            for http in sessions:
+                assert (await infer(http, sidecar, [[1, 2, 3, 4]]))[0] == 200
+            assert (await infer(sessions[0], sidecar, [[1, 2, 3]]))[0] == 400
+        finally:
+            for http in sessions:
+                await http.close()
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 8
+        victims = fronts(sidecar)
+        for victim in victims:
+            victim.kill()
+        await asyncio.to_thread(
+            wait_for, lambda: len(set(fronts(sidecar)) - set(victims)) == 2, 10.0
+        )
+        # A counter that fell would read to Prometheus as a reset: every count since the
+        # start added again to its rate.
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 8
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="400") == 1
+        assert metric(sidecar, "carpool_rejected_total", reason="bad_request") == 1
+        assert metric(sidecar, "carpool_request_duration_seconds_count", protocol="rest") == 9
+        async with aiohttp.ClientSession() as http:
+            assert (await infer(http, sidecar, [[1, 2, 3, 4]]))[0] == 200
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 9
+
+
 async def test_sigterm_while_a_front_waits_to_restart_leaves_the_drain_serving(
     tmp_path: Path,
 ) -> None:
