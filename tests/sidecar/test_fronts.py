@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -11,6 +13,9 @@ import orjson
 import psutil
 from support.model_server import SUPPORT_DIR
 from support.sidecar import Sidecar, get, infer, metric, run_pair, v2_body, wait_for
+
+from carpool import processes
+from carpool.processes import free_port
 
 FRONTS = ("--front-processes", "2")
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.3"}
@@ -239,3 +244,19 @@ async def test_sigterm_while_a_front_waits_to_restart_leaves_the_drain_serving(
         assert status == 200, body
         assert sidecar.process.wait(15) == 0, sidecar.log()
         assert "ended early" not in sidecar.log()
+
+
+def test_a_port_another_process_shares_is_taken_not_split(tmp_path: Path) -> None:
+    # Another sidecar's fronts hold the port with SO_REUSEPORT: joining their group would
+    # split the callers between two sidecars.
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = str(holder.getsockname()[1])
+        command = processes.carpool_command("sidecar", "--model-name", "toy", *FRONTS)
+        command += ["--model-server", "unix:///nonexistent.sock", "--port", held]
+        command += ["--grpc-port", str(free_port())]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    assert done.returncode == 1, done.stderr
+    assert f"Error: cannot listen on 127.0.0.1:{held}" in done.stderr

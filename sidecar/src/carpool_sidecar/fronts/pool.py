@@ -27,21 +27,34 @@ LIVED_S = 30.0
 LINK_GONE_S = 1.0
 
 
-def listener(host: str, port: int) -> socket.socket:
-    """A listening socket that shares `port` with the other fronts' (SO_REUSEPORT): the
-    kernel spreads new connections over them evenly."""
+def listeners(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening sockets that share `port` (SO_REUSEPORT): the kernel spreads new
+    connections evenly over them. A port that another process listens on is refused first,
+    as a one-process sidecar refuses it, even where that process shares it too (another
+    sidecar's fronts): joining its group would split the callers between the two."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.socket(family, kind, proto)
+    with _socket(family, kind, proto) as probe:
+        probe.bind(address)
+    bound: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-        sock.listen(128)
+        for _ in range(count):
+            sock = _socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.listen(128)
     except OSError:
-        sock.close()
+        for sock in bound:
+            sock.close()
         raise
+    return bound
+
+
+def _socket(family: int, kind: int, proto: int) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
 
 
