@@ -113,6 +113,8 @@ class Hub:
                 future.set_result(None)
         elif code == link.CLOSED:
             front.closed.set()
+        elif code == link.GENERATED and (counted := self._sidecar.dataplane.whole_generation):
+            counted(*pickle.loads(payload))
 
     async def _submit(self, front: _Front, frame_id: int, payload: bytes) -> None:
         try:
