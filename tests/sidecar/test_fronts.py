@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -11,6 +13,9 @@ import orjson
 import psutil
 from support.model_server import SUPPORT_DIR
 from support.sidecar import Sidecar, get, infer, metric, run_pair, v2_body, wait_for
+
+from carpool import processes
+from carpool.processes import free_port
 
 FRONTS = ("--front-processes", "2")
 SLOW = {"PYTHONPATH": str(SUPPORT_DIR), "CARPOOL_TEST_INFER_S": "0.3"}
@@ -190,3 +195,68 @@ async def test_a_body_over_a_fronts_share_of_the_reading_budget_gets_413(
             async with http.post(url, data=body) as reply:
                 assert reply.status == 413, await reply.text()
             assert (await infer(http, pair.sidecar, [[1, 2, 3, 4]]))[0] == 200
+
+
+async def test_counts_stay_whole_when_fronts_are_killed_and_restarted(tmp_path: Path) -> None:
+    with run_pair(tmp_path, "toy", *FRONTS) as pair:
+        sidecar = pair.sidecar
+        sessions = [aiohttp.ClientSession() for _ in range(8)]
+        try:
+            for http in sessions:
+                assert (await infer(http, sidecar, [[1, 2, 3, 4]]))[0] == 200
+            assert (await infer(sessions[0], sidecar, [[1, 2, 3]]))[0] == 400
+        finally:
+            for http in sessions:
+                await http.close()
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 8
+        victims = fronts(sidecar)
+        for victim in victims:
+            victim.kill()
+        await asyncio.to_thread(
+            wait_for, lambda: len(set(fronts(sidecar)) - set(victims)) == 2, 10.0
+        )
+        # A counter that fell would read to Prometheus as a reset: every count since the
+        # start added again to its rate.
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 8
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="400") == 1
+        assert metric(sidecar, "carpool_rejected_total", reason="bad_request") == 1
+        assert metric(sidecar, "carpool_request_duration_seconds_count", protocol="rest") == 9
+        async with aiohttp.ClientSession() as http:
+            assert (await infer(http, sidecar, [[1, 2, 3, 4]]))[0] == 200
+        assert metric(sidecar, "carpool_requests_total", protocol="rest", code="200") == 9
+
+
+async def test_sigterm_while_a_front_waits_to_restart_leaves_the_drain_serving(
+    tmp_path: Path,
+) -> None:
+    args = (*FRONTS, "--drain-delay-seconds", "3")
+    with run_pair(tmp_path, "toy", *args) as pair:
+        sidecar = pair.sidecar
+        fronts(sidecar)[0].kill()
+        await asyncio.to_thread(wait_for, lambda: "starting another" in sidecar.log())
+        sidecar.process.send_signal(signal.SIGTERM)  # within the 0.25 s before the restart
+        await asyncio.to_thread(wait_for, lambda: "not ready; serving" in sidecar.log())
+        await asyncio.sleep(1.0)  # past the restart's time
+        # Still in the drain delay: the front left serves, live, and answers what comes.
+        assert get(sidecar, "/v2/health/live")[0] == 200, sidecar.log()
+        async with aiohttp.ClientSession() as http:
+            status, body = await infer(http, sidecar, [[1, 2, 3, 4]])
+        assert status == 200, body
+        assert sidecar.process.wait(15) == 0, sidecar.log()
+        assert "ended early" not in sidecar.log()
+
+
+def test_a_port_another_process_shares_is_taken_not_split(tmp_path: Path) -> None:
+    # Another sidecar's fronts hold the port with SO_REUSEPORT: joining their group would
+    # split the callers between two sidecars.
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = str(holder.getsockname()[1])
+        command = processes.carpool_command("sidecar", "--model-name", "toy", *FRONTS)
+        command += ["--model-server", "unix:///nonexistent.sock", "--port", held]
+        command += ["--grpc-port", str(free_port())]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    assert done.returncode == 1, done.stderr
+    assert f"Error: cannot listen on 127.0.0.1:{held}" in done.stderr

@@ -9,7 +9,7 @@ group (`batch_keys`) and deadline, awaits the results and stacks them back into 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import overload
 
 import orjson
@@ -28,7 +28,7 @@ from carpool.engine.errors import (
 from carpool_sidecar import generation
 from carpool_sidecar.answers import AnswerBudget, answer_bytes, fixed_answer_bytes
 from carpool_sidecar.batch_keys import batch_key
-from carpool_sidecar.generation import GenerateRequest, GenerateResponse
+from carpool_sidecar.generation import Ending, GenerateRequest, GenerateResponse
 from carpool_sidecar.health import ModelState
 from carpool_sidecar.inference import MODEL_VERSION, InferRequest, InferResponse
 from carpool_sidecar.item_batcher import ItemBatcher
@@ -44,14 +44,20 @@ class DataPlane:
         state: ModelState,
         answers: AnswerBudget,
         streams: Streams | None = None,
+        whole_generation: Callable[[float, Ending], None] | None = None,
     ) -> None:
         """`streams`: the way to a model server that batches generation itself; without
-        it, generate requests always take the batcher."""
+        it, generate requests always take the batcher. `whole_generation`: told of each
+        generate answer that came whole from the batcher (its arrival, how it ended), for
+        the generation metrics; by default `streams`' own."""
         self.model_name = model_name
         self.batcher = batcher
         self.state = state
         self.answers = answers
         self.streams = streams
+        if whole_generation is None and streams is not None:
+            whole_generation = streams.observe_whole
+        self.whole_generation = whole_generation
         # Why the sidecar cannot serve any more (a background task died), else None.
         self.broken: str | None = None
         # SIGTERM came: not ready, and every answer closes its connection.
@@ -183,7 +189,8 @@ class DataPlane:
         metadata = self.metadata()
         inputs = generation.model_inputs(request, metadata)
         deadline = self.deadline(arrived_at, request.timeout_ms, header_timeout_ms)
-        if metadata.streams_tokens and self.streams is not None:
+        streamed = metadata.streams_tokens and self.streams is not None
+        if streamed:
             pieces = self._streamed(
                 inputs, metadata, request.priority, arrived_at, deadline, answer_limit
             )
@@ -198,9 +205,9 @@ class DataPlane:
             ending = generation.ending_of(results[0].outputs or {})
             text = generation.text_of(output)
         held = self.answers.hold(answer_bytes({TEXT_OUTPUT: [output]}, frozenset()), answer_limit)
-        if self.streams is not None and not metadata.streams_tokens:
+        if not streamed and self.whole_generation is not None:
             # Counted once its answer is sure to be sent, as the streamed path counts.
-            self.streams.observe_whole(arrived_at, ending)
+            self.whole_generation(arrived_at, ending)
         return GenerateResponse(self.model_name, text, ending, held)
 
     async def generate_stream(

@@ -76,8 +76,11 @@ def build_front(
 
     batcher = RemoteBatcher(channel, config.batching, registry, take)
     # Generation streams need one place that admits them to the model's running batch:
-    # here every generate request takes the batcher (and is answered in one piece).
-    dataplane = DataPlane(config.model_name, batcher, state, answers)
+    # here every generate request takes the batcher (and is answered in one piece), its
+    # generation metrics kept by the batching process.
+    dataplane = DataPlane(
+        config.model_name, batcher, state, answers, whole_generation=batcher.generated
+    )
     reading = ReadingBudget(reading_bytes)
     return FrontProcess(
         config=config, registry=registry, metrics=metrics, dataplane=dataplane,

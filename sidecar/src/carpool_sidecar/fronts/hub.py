@@ -30,8 +30,11 @@ class _Front:
     def __init__(self, channel: Link) -> None:
         self.link = channel
         self.submits: dict[int, asyncio.Task[None]] = {}
-        self.collects: dict[int, asyncio.Future[list[Metric]]] = {}
+        self.collects: dict[int, asyncio.Future[None]] = {}
         self.closed = asyncio.Event()
+        # Its metrics as last sent: they stand in for a front slow to send them, and stay
+        # in the pod's counts once it exits.
+        self.families: list[Metric] = []
 
 
 class Hub:
@@ -42,6 +45,8 @@ class Hub:
         self._fronts: set[_Front] = set()
         self._ids = itertools.count()
         self._told: bytes | None = None
+        # The counters and histograms of fronts that exited, so that the pod's never fall.
+        self._departed: list[Metric] = []
 
     def state(self) -> State:
         sidecar = self._sidecar
@@ -71,12 +76,13 @@ class Hub:
                 self._take(front, code, frame_id, payload)
         finally:
             self._fronts.discard(front)
+            self._departed = pod_metrics.counts(pod_metrics.merge(self._departed, [front.families]))
             front.closed.set()
             for task in front.submits.values():
                 task.cancel()
             for future in front.collects.values():
                 if not future.done():
-                    future.set_result([])
+                    future.set_result(None)
 
     async def close_ports(self, grace_s: float, timeout_s: float) -> None:
         """Ask every front to stop accepting; return once all have, or after `timeout_s`."""
@@ -101,11 +107,14 @@ class Hub:
             task = asyncio.create_task(self._scrape(front, frame_id))
             front.submits[frame_id] = task
         elif code == link.FAMILIES:
+            front.families = pickle.loads(payload)
             future = front.collects.pop(frame_id, None)
             if future is not None and not future.done():
-                future.set_result(pickle.loads(payload))
+                future.set_result(None)
         elif code == link.CLOSED:
             front.closed.set()
+        elif code == link.GENERATED and (counted := self._sidecar.dataplane.whole_generation):
+            counted(*pickle.loads(payload))
 
     async def _submit(self, front: _Front, frame_id: int, payload: bytes) -> None:
         try:
@@ -129,8 +138,10 @@ class Hub:
             for update in self._sidecar.before_scrape:
                 update()
             own = list(self._sidecar.registry.collect())
-            theirs = await asyncio.gather(*(self._collect(each) for each in list(self._fronts)))
-            text = pod_metrics.render(own, [families for families in theirs if families])
+            await asyncio.gather(*(self._collect(each) for each in list(self._fronts)))
+            # A front that exited meanwhile counts among the departed, and only there.
+            theirs = [each.families for each in self._fronts]
+            text = pod_metrics.render(own, [*theirs, self._departed])
         except Exception:
             # Answered at once, a 500 to the scrape, rather than left to the front's timeout.
             log.exception("unexpected error gathering the pod's metrics")
@@ -140,17 +151,17 @@ class Hub:
         finally:
             front.submits.pop(frame_id, None)
 
-    async def _collect(self, front: _Front) -> list[Metric]:
+    async def _collect(self, front: _Front) -> None:
+        """Bring `front.families` up to date; left as they were if it is slow to answer."""
         frame_id = next(self._ids) % frames.ID_MODULUS
-        future: asyncio.Future[list[Metric]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         front.collects[frame_id] = future
         front.link.send(link.COLLECT, frame_id)
         try:
             async with asyncio.timeout(COLLECT_TIMEOUT_S):
-                return await future
+                await future
         except TimeoutError:
             log.warning("a front process sent no metrics within %.1f s", COLLECT_TIMEOUT_S)
-            return []
         finally:
             front.collects.pop(frame_id, None)
 

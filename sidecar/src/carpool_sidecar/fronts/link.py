@@ -38,6 +38,7 @@ CANCEL = 11  # the submit with this id is no longer wanted
 SCRAPE = 12  # the whole pod's metrics, please
 FAMILIES = 13  # the pickled metric families, answering COLLECT
 CLOSED = 14  # no longer accepting
+GENERATED = 15  # a generate answer that came whole: pickled (arrival, generation.Ending)
 
 
 @dataclass(frozen=True, slots=True)

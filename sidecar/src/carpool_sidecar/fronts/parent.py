@@ -12,7 +12,7 @@ from carpool import heap
 from carpool_sidecar.build import build_sidecar
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.fronts.hub import Hub
-from carpool_sidecar.fronts.pool import FrontPool, listener
+from carpool_sidecar.fronts.pool import FrontPool, listeners
 from carpool_sidecar.grpc import server as grpc_server
 from carpool_sidecar.runner import SHUTDOWN_TIMEOUT_S, CannotListen, listening, signalled
 from carpool_sidecar.supervision import supervised
@@ -35,12 +35,12 @@ async def serve(config: SidecarConfig) -> int:
         jobs = {**sidecar.jobs(), "fronts-state": hub.tell()}
         await stack.enter_async_context(supervised(jobs, sidecar.job_died))
         try:
-            listeners = [listener(config.host, config.port) for _ in range(config.front_processes)]
+            sockets = listeners(config.host, config.port, config.front_processes)
         except OSError as error:
             raise CannotListen(f"cannot listen on {address}: {error.strerror or error}") from error
-        for sock in listeners:
+        for sock in sockets:
             stack.callback(sock.close)
-        pool = FrontPool(config, hub, listeners, sidecar.job_died)
+        pool = FrontPool(config, hub, sockets, sidecar.job_died)
         await stack.enter_async_context(pool.running())
         log.info(
             "sidecar for %r: %d front processes listening on %s",
@@ -57,7 +57,7 @@ async def serve(config: SidecarConfig) -> int:
         # No front starts again: the fronts' own copies alone keep the port, so a front's
         # socket leaves the port's group when the front closes it (or dies), rather than
         # taking connections nobody accepts.
-        for sock in listeners:
+        for sock in sockets:
             sock.close()
         log.info(
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds

@@ -1,7 +1,9 @@
 """One scrape for the whole sidecar: the batching process's metrics and every front's.
 
-Counters and histograms add up over the processes. A gauge is the batching process's,
-which keeps the engine's, unless the fronts each hold a share of it (SUMMED_GAUGES).
+Counters and histograms add up over the processes, those of fronts that exited included
+(their counts as last gathered), so that a front's restart never reads as a counter reset.
+A gauge is the batching process's, which keeps the engine's, unless the fronts each hold a
+share of it (SUMMED_GAUGES).
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def merge(own: Sequence[Metric], fronts: Iterable[Sequence[Metric]]) -> list[Met
             whole.add_sample(sample_name, dict(labels), value)
         merged.append(whole)
     return merged
+
+
+def counts(families: Iterable[Metric]) -> list[Metric]:
+    """The counters and histograms of `families`, without the gauges: what a process that
+    exited leaves in the pod's figures."""
+    return [family for family in families if family.type != "gauge"]
 
 
 class _Merged(Collector):

@@ -27,21 +27,34 @@ LIVED_S = 30.0
 LINK_GONE_S = 1.0
 
 
-def listener(host: str, port: int) -> socket.socket:
-    """A listening socket that shares `port` with the other fronts' (SO_REUSEPORT): the
-    kernel spreads new connections over them evenly."""
+def listeners(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening sockets that share `port` (SO_REUSEPORT): the kernel spreads new
+    connections evenly over them. A port that another process listens on is refused first,
+    as a one-process sidecar refuses it, even where that process shares it too (another
+    sidecar's fronts): joining its group would split the callers between the two."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.socket(family, kind, proto)
+    with _socket(family, kind, proto) as probe:
+        probe.bind(address)
+    bound: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-        sock.listen(128)
+        for _ in range(count):
+            sock = _socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.listen(128)
     except OSError:
-        sock.close()
+        for sock in bound:
+            sock.close()
         raise
+    return bound
+
+
+def _socket(family: int, kind: int, proto: int) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return sock
 
 
@@ -60,7 +73,7 @@ class FrontPool:
         self._hub = hub
         self._listeners = listeners
         self._on_death = on_death
-        self._stopping = False
+        self._stopping = asyncio.Event()
         self._none_running = asyncio.Event()
         self.pids: dict[int, int] = {}  # slot: pid of the front running there
 
@@ -70,11 +83,11 @@ class FrontPool:
         tending = {f"front-{slot}": self._tend(slot) for slot in range(len(self._listeners))}
         async with supervised(tending, self._on_death):
             yield
-        self._stopping = True
+        self._stopping.set()
 
     def stop(self) -> None:
         """From now on a front that exits is not started again: the sidecar is stopping."""
-        self._stopping = True
+        self._stopping.set()
 
     async def stopped(self, timeout_s: float) -> None:
         """Wait for the fronts to exit of themselves (after CLOSE), at most `timeout_s`."""
@@ -86,10 +99,11 @@ class FrontPool:
         """Runs until cancelled: the front of `slot`, started again whenever it exits."""
         delay = RESTART_S
         loop = asyncio.get_running_loop()
-        while True:
+        # Not after a SIGTERM, one in the restart's delay too: the socket is closed by then.
+        while not self._stopping.is_set():
             started = loop.time()
             code = await self._run(slot)
-            if self._stopping:
+            if self._stopping.is_set():
                 break
             log.error("front process %d exited with %s; starting another", slot, code)
             delay = RESTART_S if loop.time() - started > LIVED_S else delay

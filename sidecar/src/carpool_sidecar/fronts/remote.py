@@ -18,6 +18,7 @@ from carpool.engine.pending import BatchKey
 from carpool.engine.settings import BatchingSettings
 from carpool_sidecar.fronts import link
 from carpool_sidecar.fronts.link import Link, State
+from carpool_sidecar.generation import Ending
 
 SCRAPE_TIMEOUT_S = 5.0
 
@@ -84,6 +85,10 @@ class RemoteBatcher:
     async def idle(self) -> None:
         """Once every request sent is answered."""
         await self._idle.wait()
+
+    def generated(self, arrived_at: float, ending: Ending) -> None:
+        """A generate answer came whole: the batching process keeps the generation metrics."""
+        self._link.send(link.GENERATED, 0, pickle.dumps((arrived_at, ending)))
 
     def closed(self) -> None:
         """This front stopped accepting."""
