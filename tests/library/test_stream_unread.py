@@ -18,10 +18,12 @@ BODY_TIMEOUT_S = 1.0
 def test_a_stream_its_caller_stops_reading_is_cut_after_the_body_timeout(
     tmp_path: Path, tiny_lm_path: Path
 ) -> None:
-    """Every event echoes the request's id (200 kB here): a caller who reads none fills the
-    socket within a few tokens. Its stream is cut once a write has waited the body timeout,
-    as a whole answer's is, and what it held of the answer budget is given back. (Before,
-    its write waited for as long as the connection stayed open, holding its frames.)"""
+    """Every event echoes the request's id (5 MB here, more than a socket holds): a caller
+    who reads none fills the socket at the first event, however many tokens a piece
+    carries (a model server whose writes fall behind merges them). Its stream is cut once
+    a write has waited the body timeout, as a whole answer's is, and what it held of the
+    answer budget is given back. (Before, its write waited for as long as the connection
+    stayed open, holding its frames.)"""
     model_args = ["--model-path", str(tiny_lm_path), "--device", "cpu", "--warmup-sizes", "1"]
     model_args += ["--handler-options", "batching=continuous"]
     sidecar_args = ("--body-timeout-seconds", str(BODY_TIMEOUT_S))
@@ -29,7 +31,7 @@ def test_a_stream_its_caller_stops_reading_is_cut_after_the_body_timeout(
         tmp_path, "text-generation", *sidecar_args, model_args=model_args, model=MODEL
     ) as pair:
         sidecar, server = pair.sidecar, pair.model_server
-        body = orjson.dumps({"id": "x" * 200_000, "text_input": "the cat", "max_tokens": 64})
+        body = orjson.dumps({"id": "x" * 5_000_000, "text_input": "the cat", "max_tokens": 8})
         host, port = sidecar.url.removeprefix("http://").split(":")
         with socket.socket() as caller:
             caller.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

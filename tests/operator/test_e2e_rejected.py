@@ -30,6 +30,8 @@ def quiet_after(cluster: Cluster, name: str) -> None:
     """The operator writes nothing about `name` over three resyncs: no retry, no event."""
     if cluster.api is None:
         return
+    # The pass that reported the rejection may still be posting its event and kopf's marks.
+    wait_resyncs(cluster, count=1)
     writes = cluster.api.write_count(agent=OPERATOR_AGENT, about=name)
     wait_resyncs(cluster, count=3)
     assert cluster.api.write_count(agent=OPERATOR_AGENT, about=name) == writes
