@@ -137,10 +137,10 @@ class Batcher(Generic[ItemT, ResultT]):
         """Queue the items and wait for all their results, or raise the SidecarError for them.
 
         `priority` is a level as Triton's (`carpool.engine.priority`: 1 the highest, 0 the
-        default). `deadline` is on the engine's clock, which the loop's timers share;
-        `lengths` are the items' lengths when they vary (for the padding metric); `nbytes` is
-        what their data holds; `arrived_at` when the request reached the front, which a
-        latency objective counts from (default: now).
+        default). `deadline` is loop time, which the engine's clock agrees with to the
+        millisecond (uvloop's counts whole ones); `lengths` are the items' lengths when they
+        vary (for the padding metric); `nbytes` is what their data holds; `arrived_at` when
+        the request reached the front, which a latency objective counts from (default: now).
         Cancelling the caller (client gone) cancels its entry; its unsent items are then never
         sent.
         """
