@@ -15,7 +15,8 @@ the hand-over manager already holding the count (the pass's apply was refused af
 hand-over, 409, and the child is judged again; or kopf retries the handler) writes nothing
 more. Each Event posted is a new object, which the API server never merges with an identical
 one (client-go's recorder counts repeats on the client's side): a second post would read as
-a second hand-over in `kubectl describe`.
+a second hand-over in `kubectl describe`. So an event whose post failed after the apply
+landed is not posted again: a lost event rather than a duplicate.
 """
 
 from __future__ import annotations
