@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import socket
 import subprocess
@@ -28,6 +29,11 @@ def fronts(sidecar: Sidecar) -> list[psutil.Process]:
 def connections(front: psutil.Process) -> int:
     """The front's established TCP connections (the clients it serves)."""
     return sum(1 for c in front.connections("tcp") if c.status == psutil.CONN_ESTABLISHED)
+
+
+def listening(front: psutil.Process) -> bool:
+    """Whether the front listens: its socket is in the port's group, taking connections."""
+    return any(c.status == psutil.CONN_LISTEN for c in front.connections("tcp"))
 
 
 async def v1_predict(http: aiohttp.ClientSession, sidecar: Sidecar, row: list[float]) -> object:
@@ -180,6 +186,51 @@ async def test_a_killed_front_is_replaced_and_fronts_die_with_the_sidecar(
         sidecar.process.kill()
         _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, alive
+
+
+async def test_connections_while_a_front_waits_to_restart_go_to_the_live_front(
+    tmp_path: Path,
+) -> None:
+    with run_pair(tmp_path, "toy", *FRONTS) as pair:
+        sidecar = pair.sidecar
+        # A front that dies four times in a row waits 2 s (0.25 s doubled) for its restart.
+        survivor, victim = fronts(sidecar)
+
+        def restarts(count: int) -> bool:
+            return sidecar.log().count("starting another") == count
+
+        for deaths in range(1, 5):
+            victim.kill()
+            await asyncio.to_thread(wait_for, functools.partial(restarts, deaths))
+            if deaths < 4:
+                await asyncio.to_thread(wait_for, lambda: len(fronts(sidecar)) == 2)
+                (victim,) = set(fronts(sidecar)) - {survivor}
+        assert fronts(sidecar) == [survivor]
+
+        async def timed(http: aiohttp.ClientSession) -> float:
+            start = asyncio.get_running_loop().time()
+            status, body = await infer(http, sidecar, [[1, 2, 3, 4]])
+            assert status == 200, body
+            return asyncio.get_running_loop().time() - start
+
+        sessions = [aiohttp.ClientSession() for _ in range(20)]  # a connection each
+        try:
+            # Each new connection is answered by the live front at once, none left waiting
+            # in the dead front's backlog until the restart.
+            waits = await asyncio.gather(*(timed(http) for http in sessions))
+            assert max(waits) < 1.0, [round(w, 2) for w in sorted(waits)]
+            # The restarted front takes its share of new connections again.
+            await asyncio.to_thread(wait_for, lambda: len(fronts(sidecar)) == 2)
+            (restarted,) = set(fronts(sidecar)) - {survivor}
+            await asyncio.to_thread(wait_for, lambda: listening(restarted))
+            for http in sessions:
+                await http.close()
+            sessions = [aiohttp.ClientSession() for _ in range(16)]
+            await asyncio.gather(*(timed(http) for http in sessions))
+            assert connections(restarted) >= 1
+        finally:
+            for http in sessions:
+                await http.close()
 
 
 async def test_a_body_over_a_fronts_share_of_the_reading_budget_gets_413(

@@ -7,7 +7,7 @@ requests as a one-process sidecar does and sends each request's items over its l
 starting process runs the one engine, the model client, gRPC, the settings file and the
 model state, so batches form from every front's requests (`hub`). It tells every front the
 model's state and the settings as they change, gathers every front's metrics into each
-scrape (`pod_metrics`), restarts a front that dies (`pool`: its socket, held by the starting
-process meanwhile, keeps the connections that arrive), and leads the drain on SIGTERM
-(`parent`). A front exits when its link closes: it dies with the sidecar.
+scrape (`pod_metrics`), restarts a front that dies (`pool`: its socket leaves the port at
+once where another front listens, which takes the connections that arrive meanwhile), and
+leads the drain on SIGTERM (`parent`). A front exits when its link closes: it dies with the sidecar.
 """

@@ -38,9 +38,8 @@ async def serve(config: SidecarConfig) -> int:
             sockets = listeners(config.host, config.port, config.front_processes)
         except OSError as error:
             raise CannotListen(f"cannot listen on {address}: {error.strerror or error}") from error
-        for sock in sockets:
-            stack.callback(sock.close)
         pool = FrontPool(config, hub, sockets, sidecar.job_died)
+        stack.callback(pool.stop)
         await stack.enter_async_context(pool.running())
         log.info(
             "sidecar for %r: %d front processes listening on %s",
@@ -54,11 +53,6 @@ async def serve(config: SidecarConfig) -> int:
         await signalled()
         sidecar.dataplane.stop_soon()  # the fronts hear of it with the next state
         pool.stop()
-        # No front starts again: the fronts' own copies alone keep the port, so a front's
-        # socket leaves the port's group when the front closes it (or dies), rather than
-        # taking connections nobody accepts.
-        for sock in sockets:
-            sock.close()
         log.info(
             "not ready; serving %.1f s more before closing the port", config.drain_delay_seconds
         )

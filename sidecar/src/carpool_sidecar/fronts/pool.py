@@ -9,6 +9,7 @@ import pickle
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from carpool_sidecar.config import SidecarConfig
 from carpool_sidecar.fronts import link
@@ -42,8 +43,7 @@ def listeners(host: str, port: int, count: int) -> list[socket.socket]:
         for _ in range(count):
             sock = _socket(family, kind, proto)
             bound.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind(address)
+            _share(sock, address)
             sock.listen(128)
     except OSError:
         for sock in bound:
@@ -58,6 +58,11 @@ def _socket(family: int, kind: int, proto: int) -> socket.socket:
     return sock
 
 
+def _share(sock: socket.socket, address: tuple[Any, ...]) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+
+
 class FrontPool:
     """Runs one front per listening socket while the block of `running` lasts."""
 
@@ -68,10 +73,13 @@ class FrontPool:
         listeners: list[socket.socket],
         on_death: Callable[[str], None],
     ) -> None:
-        """`on_death`: told when a front can no longer be started (the sidecar is broken)."""
+        """`on_death`: told when a front can no longer be started (the sidecar is broken).
+        The pool closes the sockets when it stops."""
         self._config = config
         self._hub = hub
-        self._listeners = listeners
+        self._sockets: list[socket.socket | None] = list(listeners)
+        first = listeners[0]
+        self._address = (first.family, first.type, first.proto, first.getsockname())
         self._on_death = on_death
         self._stopping = asyncio.Event()
         self._none_running = asyncio.Event()
@@ -80,14 +88,20 @@ class FrontPool:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """On leaving, fronts still running are killed."""
-        tending = {f"front-{slot}": self._tend(slot) for slot in range(len(self._listeners))}
+        tending = {f"front-{slot}": self._tend(slot) for slot in range(len(self._sockets))}
         async with supervised(tending, self._on_death):
             yield
         self._stopping.set()
 
     def stop(self) -> None:
-        """From now on a front that exits is not started again: the sidecar is stopping."""
+        """From now on a front that exits is not started again: the sidecar is stopping.
+        The fronts' own copies alone keep the port, so a front's socket leaves the port's
+        group when the front closes it (or dies), rather than taking connections nobody
+        accepts."""
         self._stopping.set()
+        for sock in self._sockets:
+            if sock is not None:
+                sock.close()
 
     async def stopped(self, timeout_s: float) -> None:
         """Wait for the fronts to exit of themselves (after CLOSE), at most `timeout_s`."""
@@ -101,19 +115,43 @@ class FrontPool:
         loop = asyncio.get_running_loop()
         # Not after a SIGTERM, one in the restart's delay too: the socket is closed by then.
         while not self._stopping.is_set():
+            sock = self._sockets[slot]
+            if sock is None:
+                # Bound, not listening: it joins the port's group as its front starts serving
+                # (asyncio listens on it), not while the front starts.
+                family, kind, proto, address = self._address
+                sock = self._sockets[slot] = _socket(family, kind, proto)
+                _share(sock, address)
             started = loop.time()
-            code = await self._run(slot)
+            code = await self._run(slot, sock)
             if self._stopping.is_set():
                 break
-            log.error("front process %d exited with %s; starting another", slot, code)
+            if self._others_listen(slot):
+                # The dead front's socket leaves the port's group at once: new connections go
+                # to the live fronts, rather than wait in its backlog for the restart (those
+                # already waiting there are reset, as when a one-process sidecar dies). The
+                # last one stays: its connections wait for the restart, not refused.
+                sock.close()
+                self._sockets[slot] = None
             delay = RESTART_S if loop.time() - started > LIVED_S else delay
+            log.error(
+                "front process %d exited with %s; starting another in %.2f s", slot, code, delay
+            )
             await asyncio.sleep(delay)
             delay = min(2 * delay, RESTART_MAX_S)
         await asyncio.Future()  # parked until the pool's block ends
 
-    async def _run(self, slot: int) -> int:
-        """Start the front of `slot` and serve its link until it exits: its exit code."""
-        listening = self._listeners[slot]
+    def _others_listen(self, slot: int) -> bool:
+        """Whether the socket of a slot other than `slot` is in the port's group."""
+        return any(
+            sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            for other, sock in enumerate(self._sockets)
+            if other != slot
+        )
+
+    async def _run(self, slot: int, listening: socket.socket) -> int:
+        """Start the front of `slot` on `listening` and serve its link until it exits: its
+        exit code."""
         ours, theirs = socket.socketpair()
         with theirs:
             fds = (theirs.fileno(), listening.fileno())
