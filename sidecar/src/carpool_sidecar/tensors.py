@@ -88,7 +88,7 @@ def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Ar
         if raw.size:
             info = np.iinfo(dtype)
             if raw.min() < info.min or raw.max() > info.max:
-                raise BadRequest(f"input {name!r}: values out of range for {datatype}")
+                raise _out_of_range(name, datatype)
     else:
         _require_kind(name, datatype, raw, "iuf")
         return _finite_cast(name, datatype, raw, dtype)
@@ -104,8 +104,14 @@ def _finite_cast(name: str, datatype: str, raw: Array, dtype: np.dtype[Any]) -> 
 
 def _finite(name: str, datatype: str, values: Array) -> Array:
     if not np.isfinite(values).all():
-        raise BadRequest(f"input {name!r}: values out of range for {datatype}")
+        raise _out_of_range(name, datatype)
     return values
+
+
+def _out_of_range(name: str, datatype: str) -> BadRequest:
+    """A value of `name` that its datatype cannot hold: an integer past its bounds, a number
+    past a float type's largest."""
+    return BadRequest(f"input {name!r}: values out of range for {datatype}")
 
 
 def from_binary(
@@ -234,7 +240,7 @@ def _exact_integers(name: str, datatype: str, data: Any, raw: Array) -> Array:
     try:
         return np.array(values.tolist(), dtype=NUMPY_DTYPES[datatype])
     except OverflowError as error:
-        raise BadRequest(f"input {name!r}: values out of range for {datatype}") from error
+        raise _out_of_range(name, datatype) from error
 
 
 def _require_kind(name: str, datatype: str, raw: Array, kinds: str) -> None:
